@@ -1,0 +1,77 @@
+"""The one map from the error tree to HTTP status, and the handlers that apply it.
+
+Every error response is ``{"error": <code>, "detail": <message>, ...structured fields}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from infaas import errors as e
+
+__all__ = ["HTTP_STATUS", "install_error_handlers", "status_for"]
+
+HTTP_STATUS: dict[type[e.InfaasError], int] = {
+    e.InfaasError: 500,
+    e.InvalidInput: 400,
+    e.PayloadTooLarge: 413,
+    e.Unauthenticated: 401,
+    e.Forbidden: 403,
+    e.NotFound: 404,
+    e.Conflict: 409,
+    e.RegistrationError: 422,
+    e.NoFeasibleVariant: 422,
+    e.Unavailable: 503,
+    e.StoreError: 500,
+}
+
+
+def status_for(exc: e.InfaasError) -> int:
+    """The status of the nearest class in the table along the exception's MRO."""
+    for cls in type(exc).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
+    return 500
+
+
+def _error_response(exc: e.InfaasError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, e.Unauthenticated) else None
+    return JSONResponse(exc.to_body(), status_code=status_for(exc), headers=headers)
+
+
+def _validation_detail(errors: Any) -> str:
+    parts = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_infaas(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, e.InfaasError)
+        return _error_response(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _error_response(e.InvalidInput(_validation_detail(exc.errors())))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse({"error": code, "detail": str(exc.detail)}, status_code=exc.status_code)
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Never leak a traceback; the server log has it.
+        body = {"error": "internal_error", "detail": f"{type(exc).__name__}: the server failed"}
+        return JSONResponse(body, status_code=500)
+
+    app.add_exception_handler(e.InfaasError, on_infaas)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

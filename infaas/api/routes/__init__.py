@@ -1,0 +1,1 @@
+"""HTTP routes, one module per resource. Routes parse, call the use case, and serialise."""

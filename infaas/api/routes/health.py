@@ -1,0 +1,27 @@
+"""Liveness and readiness: no key needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    checks: dict[str, Any] = {}
+    for name, check in getattr(request.app.state, "readiness_checks", {}).items():
+        try:
+            checks[name] = bool(check())
+        except Exception as exc:  # a failing probe means "not ready", never a 500
+            checks[name] = f"{type(exc).__name__}: {exc}"
+    ready = all(v is True for v in checks.values())
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

@@ -1,0 +1,37 @@
+"""Tenants and their API keys (admin only). A key is returned once; the store keeps its hash."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+
+from infaas.api.auth import AdminPrincipal, new_api_key
+from infaas.api.schemas import TenantCreate, TenantCreated, TenantOut
+from infaas.store import MetadataStore
+from infaas.types import Tenant
+
+router = APIRouter(prefix="/v1/admin/tenants", tags=["admin"])
+
+
+def _store(request: Request) -> MetadataStore:
+    store: MetadataStore = request.app.state.store
+    return store
+
+
+@router.post("", status_code=201)
+async def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> TenantCreated:
+    key = new_api_key()
+    _store(request).create_tenant(Tenant(name=body.name, created_at_s=time.time()), key)
+    return TenantCreated(name=body.name, api_key=key)
+
+
+@router.get("")
+async def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
+    return [TenantOut(**t.model_dump()) for t in _store(request).list_tenants()]
+
+
+@router.delete("/{name}", status_code=204)
+async def revoke_tenant(name: str, request: Request, _: AdminPrincipal) -> Response:
+    _store(request).revoke_tenant(name)
+    return Response(status_code=204)

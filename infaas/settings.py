@@ -1,0 +1,51 @@
+"""The one place configuration is read.
+
+`Settings` is built once, by the CLI or the app factory, and passed down. Nothing else in infaas
+reads the environment (style rule: configuration read at import time forces tests to re-run under
+environment permutations).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Service configuration; every field can be set as ``INFAAS_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="INFAAS_", frozen=True, extra="ignore")
+
+    data_dir: Path = Field(default=Path("~/.infaas"), description="Artifacts, SQLite store, admin key.")
+    redis_url: str | None = Field(default=None, description="Unset: embedded SQLite at data_dir/infaas.db.")
+    ray_address: str | None = Field(default=None, description="Unset: start a lean local Ray.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    admin_key: str | None = Field(default=None, description="Unset: generated at first start into data_dir.")
+    price_table: Path | None = Field(default=None, description="JSON price table; unset: built-in defaults.")
+    max_upload_mb: float = Field(default=200.0, gt=0, description="Largest accepted model upload.")
+    max_request_mb: float = Field(default=16.0, gt=0, description="Largest accepted query body.")
+    worker_memory_budget_mb: float = Field(default=2048.0, gt=0, description="Per worker process.")
+    usage_flush_interval_s: float = Field(default=1.0, gt=0)
+    require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
+
+    @field_validator("data_dir", "price_table", mode="after")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser().resolve() if value is not None else None
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "infaas.db"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def admin_key_path(self) -> Path:
+        return self.data_dir / "admin_key"

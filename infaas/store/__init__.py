@@ -1,0 +1,19 @@
+"""Metadata store: `MetadataStore` protocol; SQLite (embedded default), Redis, and an in-memory fake."""
+
+from __future__ import annotations
+
+from infaas.settings import Settings
+from infaas.store.base import DocumentStore, MetadataStore, hash_key
+from infaas.store.memory import MemoryStore
+from infaas.store.sqlite import SQLiteStore
+
+__all__ = ["DocumentStore", "MemoryStore", "MetadataStore", "SQLiteStore", "hash_key", "open_store"]
+
+
+def open_store(settings: Settings) -> DocumentStore:
+    """The store the settings name: Redis when `redis_url` is set, else SQLite under `data_dir`."""
+    if settings.redis_url:
+        from infaas.store.redis import RedisStore  # only this backend imports redis
+
+        return RedisStore(settings.redis_url)
+    return SQLiteStore(settings.sqlite_path)

@@ -1,0 +1,230 @@
+"""The metadata store: Protocol, and the typed layer shared by every backend.
+
+Backends implement a handful of primitives over JSON documents (`put_docs`, `get_doc`, `list_docs`,
+`delete_docs`) plus atomic integer counters for usage; `DocumentStore` turns those into the typed
+`MetadataStore` API once, so the three backends cannot drift apart in behaviour. API keys are stored
+only as SHA-256 hashes.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel
+
+from infaas.errors import Conflict, TenantNotFound
+from infaas.types import (
+    Architecture,
+    Profile,
+    SkippedVariant,
+    Task,
+    Tenant,
+    UsageDelta,
+    UsageRecord,
+    Variant,
+)
+
+__all__ = ["DocumentStore", "MetadataStore", "hash_key"]
+
+M = TypeVar("M", bound=BaseModel)
+
+# Document kinds: one namespace each.
+TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY = (
+    "task",
+    "arch",
+    "variant",
+    "skipped",
+    "profile",
+    "tenant",
+    "key",
+    "tenant_key",
+)
+
+
+def hash_key(api_key: str) -> str:
+    """Keys are random 32-byte tokens, so a plain SHA-256 (no salt, no stretching) is enough."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    """Everything infaas persists except artifact bytes (those live under data_dir)."""
+
+    def put_task(self, task: Task) -> None: ...
+    def get_task(self, name: str) -> Task | None: ...
+    def list_tasks(self) -> list[Task]: ...
+
+    def register_architecture(
+        self,
+        arch: Architecture,
+        variants: Sequence[Variant],
+        skipped: Sequence[SkippedVariant],
+        task: Task | None = None,
+    ) -> None:
+        """Write an architecture, its variants (and its new task) in one atomic step."""
+        ...
+
+    def get_architecture(self, name: str) -> Architecture | None: ...
+    def list_architectures(self, task: str | None = None) -> list[Architecture]: ...
+    def delete_architecture(self, name: str) -> None: ...
+
+    def get_variant(self, name: str) -> Variant | None: ...
+    def list_variants(self, architecture: str | None = None) -> list[Variant]: ...
+    def list_skipped(self, architecture: str | None = None) -> list[SkippedVariant]: ...
+
+    def put_profile(self, profile: Profile) -> None: ...
+    def get_profile(self, variant: str) -> Profile | None: ...
+    def list_profiles(self, architecture: str | None = None) -> list[Profile]: ...
+
+    def create_tenant(self, tenant: Tenant, api_key: str) -> None: ...
+    def tenant_for_key(self, api_key: str) -> Tenant | None: ...
+    def get_tenant(self, name: str) -> Tenant | None: ...
+    def list_tenants(self) -> list[Tenant]: ...
+    def revoke_tenant(self, name: str) -> None: ...
+
+    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        """Add integer counters atomically (all deltas or none)."""
+        ...
+
+    def usage(
+        self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None
+    ) -> list[UsageRecord]:
+        """Usage rows in [from_minute, to_minute], optionally for one tenant, sorted by key."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class DocumentStore(abc.ABC):
+    """Typed `MetadataStore` built on a backend's document and counter primitives."""
+
+    # ---- backend primitives -------------------------------------------------------------
+    @abc.abstractmethod
+    def put_docs(self, docs: Iterable[tuple[str, str, str]]) -> None:
+        """Write (kind, key, json) documents in one atomic step."""
+
+    @abc.abstractmethod
+    def get_doc(self, kind: str, key: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def list_docs(self, kind: str, prefix: str = "") -> list[str]:
+        """Documents of a kind whose key starts with `prefix`, ordered by key."""
+
+    @abc.abstractmethod
+    def delete_docs(self, kind: str, prefix: str, exact: bool = False) -> None:
+        """Delete the documents of a kind whose key starts with `prefix`, or equals it when
+        `exact` (atomic per call)."""
+
+    @abc.abstractmethod
+    def add_usage(self, deltas: Sequence[UsageDelta]) -> None: ...
+
+    @abc.abstractmethod
+    def usage(
+        self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None
+    ) -> list[UsageRecord]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook, not abstract
+        """Release connections; the default backend holds none."""
+
+    # ---- typed layer --------------------------------------------------------------------
+    def _get(self, model: type[M], kind: str, key: str) -> M | None:
+        raw = self.get_doc(kind, key)
+        return None if raw is None else model.model_validate_json(raw)
+
+    def _list(self, model: type[M], kind: str, prefix: str = "") -> list[M]:
+        return [model.model_validate_json(raw) for raw in self.list_docs(kind, prefix)]
+
+    def put_task(self, task: Task) -> None:
+        self.put_docs([(TASK, task.name, task.model_dump_json())])
+
+    def get_task(self, name: str) -> Task | None:
+        return self._get(Task, TASK, name)
+
+    def list_tasks(self) -> list[Task]:
+        return self._list(Task, TASK)
+
+    def register_architecture(
+        self,
+        arch: Architecture,
+        variants: Sequence[Variant],
+        skipped: Sequence[SkippedVariant],
+        task: Task | None = None,
+    ) -> None:
+        docs: list[tuple[str, str, str]] = []
+        if task is not None:
+            docs.append((TASK, task.name, task.model_dump_json()))
+        docs.append((ARCH, arch.name, arch.model_dump_json()))
+        docs += [(VARIANT, v.name, v.model_dump_json()) for v in variants]
+        docs += [(SKIPPED, s.name, s.model_dump_json()) for s in skipped]
+        self.put_docs(docs)
+
+    def get_architecture(self, name: str) -> Architecture | None:
+        return self._get(Architecture, ARCH, name)
+
+    def list_architectures(self, task: str | None = None) -> list[Architecture]:
+        archs = self._list(Architecture, ARCH)
+        return [a for a in archs if task is None or a.task == task]
+
+    def delete_architecture(self, name: str) -> None:
+        prefix = f"{name}/"
+        for kind in (VARIANT, SKIPPED, PROFILE):
+            self.delete_docs(kind, prefix)
+        self.delete_docs(ARCH, name, exact=True)
+
+    def get_variant(self, name: str) -> Variant | None:
+        return self._get(Variant, VARIANT, name)
+
+    def list_variants(self, architecture: str | None = None) -> list[Variant]:
+        return self._list(Variant, VARIANT, f"{architecture}/" if architecture else "")
+
+    def list_skipped(self, architecture: str | None = None) -> list[SkippedVariant]:
+        return self._list(SkippedVariant, SKIPPED, f"{architecture}/" if architecture else "")
+
+    def put_profile(self, profile: Profile) -> None:
+        self.put_docs([(PROFILE, profile.variant, profile.model_dump_json())])
+
+    def get_profile(self, variant: str) -> Profile | None:
+        return self._get(Profile, PROFILE, variant)
+
+    def list_profiles(self, architecture: str | None = None) -> list[Profile]:
+        return self._list(Profile, PROFILE, f"{architecture}/" if architecture else "")
+
+    def create_tenant(self, tenant: Tenant, api_key: str) -> None:
+        existing = self.get_tenant(tenant.name)
+        if existing is not None and not existing.revoked:
+            raise Conflict(f"tenant {tenant.name!r} already exists", tenant=tenant.name)
+        digest = hash_key(api_key)
+        self.put_docs(
+            [
+                (TENANT, tenant.name, tenant.model_dump_json()),
+                (KEY, digest, tenant.name),
+                (TENANT_KEY, tenant.name, digest),
+            ]
+        )
+
+    def tenant_for_key(self, api_key: str) -> Tenant | None:
+        name = self.get_doc(KEY, hash_key(api_key))
+        if name is None:
+            return None
+        tenant = self.get_tenant(name)
+        return None if tenant is None or tenant.revoked else tenant
+
+    def get_tenant(self, name: str) -> Tenant | None:
+        return self._get(Tenant, TENANT, name)
+
+    def list_tenants(self) -> list[Tenant]:
+        return self._list(Tenant, TENANT)
+
+    def revoke_tenant(self, name: str) -> None:
+        tenant = self.get_tenant(name)
+        if tenant is None or tenant.revoked:
+            raise TenantNotFound(f"no active tenant {name!r}", tenant=name)
+        # Flag first (the key is refused from here on), then drop the key so that a tenant
+        # re-created under the same name does not revive the old key.
+        self.put_docs([(TENANT, name, tenant.model_copy(update={"revoked": True}).model_dump_json())])
+        digest = self.get_doc(TENANT_KEY, name)
+        if digest is not None:
+            self.delete_docs(KEY, digest, exact=True)

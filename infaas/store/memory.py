@@ -1,0 +1,61 @@
+"""In-memory store: the shipped fake for unit tests (same contract suite as the real backends)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from infaas.store.base import DocumentStore
+from infaas.types import UsageDelta, UsageKey, UsageRecord
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(DocumentStore):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._docs: dict[str, dict[str, str]] = defaultdict(dict)
+        self._usage: dict[tuple[str, str, str, int], dict[str, int]] = {}
+
+    def put_docs(self, docs: Iterable[tuple[str, str, str]]) -> None:
+        items = list(docs)
+        with self._lock:
+            for kind, key, raw in items:
+                self._docs[kind][key] = raw
+
+    def get_doc(self, kind: str, key: str) -> str | None:
+        with self._lock:
+            return self._docs[kind].get(key)
+
+    def list_docs(self, kind: str, prefix: str = "") -> list[str]:
+        with self._lock:
+            bucket = self._docs[kind]
+            return [bucket[k] for k in sorted(bucket) if k.startswith(prefix)]
+
+    def delete_docs(self, kind: str, prefix: str, exact: bool = False) -> None:
+        with self._lock:
+            bucket = self._docs[kind]
+            for key in [k for k in bucket if (k == prefix if exact else k.startswith(prefix))]:
+                del bucket[key]
+
+    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        with self._lock:
+            for delta in deltas:
+                k = delta.key
+                row = self._usage.setdefault((k.tenant, k.task, k.variant, k.minute), {})
+                for name, value in delta.counters.items():
+                    row[name] = row.get(name, 0) + value
+
+    def usage(
+        self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None
+    ) -> list[UsageRecord]:
+        with self._lock:
+            rows = sorted(self._usage.items())
+        return [
+            UsageRecord(key=UsageKey(tenant=t, task=task, variant=v, minute=m), counters=dict(c))
+            for (t, task, v, m), c in rows
+            if (tenant is None or t == tenant)
+            and (from_minute is None or m >= from_minute)
+            and (to_minute is None or m <= to_minute)
+        ]

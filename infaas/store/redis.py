@@ -1,0 +1,125 @@
+"""Redis store: for several front ends sharing one store, or a cluster.
+
+Documents of a kind live in one hash (field = key). Usage rows are hashes of integer counters
+incremented with HINCRBY inside MULTI/EXEC, indexed by minute in a sorted set; HINCRBY is atomic on
+the server, so concurrent front ends never lose an increment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis
+
+from infaas.errors import StoreError
+from infaas.store.base import DocumentStore
+from infaas.types import UsageDelta, UsageKey, UsageRecord
+
+__all__ = ["RedisStore"]
+
+# Deleting by prefix must be atomic; a script runs without interleaving on the server.
+_DELETE_PREFIX = """
+local n = 0
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(field, 1, string.len(ARGV[1])) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], field)
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+class RedisStore(DocumentStore):
+    def __init__(self, url: str, namespace: str = "infaas") -> None:
+        self.url = url
+        self.ns = namespace
+        self._r: redis.Redis = redis.Redis.from_url(url, decode_responses=True)
+        try:
+            self._r.ping()
+        except redis.RedisError as exc:
+            raise StoreError(
+                f"cannot reach Redis at {url}: {exc}; start redis-server or unset INFAAS_REDIS_URL "
+                "to use the embedded SQLite store",
+                url=url,
+            ) from exc
+        self._delete_prefix = self._r.register_script(_DELETE_PREFIX)
+
+    def _docs_key(self, kind: str) -> str:
+        return f"{self.ns}:doc:{kind}"
+
+    def _run(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except redis.RedisError as exc:
+            raise StoreError(f"Redis {what} failed: {exc}", url=self.url) from exc
+
+    def put_docs(self, docs: Iterable[tuple[str, str, str]]) -> None:
+        def write() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            for kind, key, raw in docs:
+                pipe.hset(self._docs_key(kind), key, raw)
+            pipe.execute()
+
+        self._run("write", write)
+
+    def get_doc(self, kind: str, key: str) -> str | None:
+        value = self._run("read", self._r.hget, self._docs_key(kind), key)
+        return None if value is None else str(value)
+
+    def list_docs(self, kind: str, prefix: str = "") -> list[str]:
+        everything: dict[str, str] = self._run("read", self._r.hgetall, self._docs_key(kind))
+        return [everything[k] for k in sorted(everything) if k.startswith(prefix)]
+
+    def delete_docs(self, kind: str, prefix: str, exact: bool = False) -> None:
+        if exact:
+            self._run("delete", self._r.hdel, self._docs_key(kind), prefix)
+        else:
+            self._run("delete", lambda: self._delete_prefix(keys=[self._docs_key(kind)], args=[prefix]))
+
+    def _usage_member(self, key: UsageKey) -> str:
+        return json.dumps([key.tenant, key.task, key.variant, key.minute])
+
+    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        def write() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            for delta in deltas:
+                member = self._usage_member(delta.key)
+                for name, value in delta.counters.items():
+                    pipe.hincrby(f"{self.ns}:usage:{member}", name, value)
+                pipe.zadd(f"{self.ns}:usage_index", {member: delta.key.minute})
+            pipe.execute()
+
+        self._run("usage write", write)
+
+    def usage(
+        self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None
+    ) -> list[UsageRecord]:
+        def read() -> list[UsageRecord]:
+            lo = "-inf" if from_minute is None else from_minute
+            hi = "+inf" if to_minute is None else to_minute
+            members = [str(m) for m in self._r.zrangebyscore(f"{self.ns}:usage_index", lo, hi)]
+            members = [m for m in members if tenant is None or json.loads(m)[0] == tenant]
+            pipe = self._r.pipeline(transaction=False)
+            for m in members:
+                pipe.hgetall(f"{self.ns}:usage:{m}")
+            rows = []
+            for m, counters in zip(members, pipe.execute(), strict=True):
+                t, task, variant, minute = json.loads(m)
+                key = UsageKey(tenant=t, task=task, variant=variant, minute=minute)
+                rows.append(UsageRecord(key=key, counters={k: int(v) for k, v in counters.items()}))
+            rows.sort(key=lambda r: (r.key.tenant, r.key.task, r.key.variant, r.key.minute))
+            return rows
+
+        result: list[UsageRecord] = self._run("usage read", read)
+        return result
+
+    def flush_namespace(self) -> None:
+        """Delete every key of this namespace (tests use a namespace of their own)."""
+        for key in self._r.scan_iter(f"{self.ns}:*"):
+            self._r.delete(key)
+
+    def close(self) -> None:
+        self._r.close()

@@ -1,0 +1,357 @@
+"""Domain values shared by every layer.
+
+They are frozen pydantic models: immutable like dataclasses, and they serialise to JSON for the
+metadata store without a hand-written codec. Wire schemas for the HTTP API live separately in
+`infaas.api.schemas`; these are the service's own vocabulary (see DESIGN.md, "Vocabulary").
+
+Units are in the names. Money is kept as integer pico-dollars (`*_pusd`) wherever it is summed,
+because a 10 µs inference costs ~1e-10 USD and float sums drift; floats in USD appear only at the
+edge (`*_usd`, `*_usd_per_1k`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "COUNTER_COST_PUSD",
+    "COUNTER_QUERIES",
+    "COUNTER_ROWS",
+    "COUNTER_SLO_MET",
+    "COUNTER_SLO_MISSED",
+    "LATENCY_BUCKETS_MS",
+    "PUSD_PER_USD",
+    "SLO",
+    "Architecture",
+    "Decision",
+    "FleetEvent",
+    "Hardware",
+    "InputSpec",
+    "LatencyPoint",
+    "MachineInfo",
+    "ModelKind",
+    "Parity",
+    "Precision",
+    "Profile",
+    "Role",
+    "RuntimeName",
+    "SkippedVariant",
+    "Task",
+    "Tenant",
+    "UsageDelta",
+    "UsageKey",
+    "UsageRecord",
+    "Variant",
+    "VariantSpec",
+    "WorkerInfo",
+    "latency_bucket_counter",
+    "pusd_to_usd",
+    "usd_to_pusd",
+]
+
+PUSD_PER_USD = 10**12
+"""Pico-dollars per dollar: 64-bit integers hold ~9.2 million USD of pico-dollars per counter."""
+
+
+def usd_to_pusd(usd: float) -> int:
+    """Convert a float dollar amount to exact integer pico-dollars (rounded to nearest)."""
+    return round(usd * PUSD_PER_USD)
+
+
+def pusd_to_usd(pusd: int) -> float:
+    return pusd / PUSD_PER_USD
+
+
+ModelKind = Literal["keras", "savedmodel", "onnx", "sklearn"]
+RuntimeName = Literal["tensorflow", "onnxruntime", "sklearn", "tensorrt"]
+Hardware = Literal["cpu", "gpu"]
+Precision = Literal["fp32", "fp16", "int8"]
+Role = Literal["admin", "tenant"]
+
+_RUNTIME_SHORT: dict[str, str] = {
+    "tensorflow": "tf",
+    "onnxruntime": "onnx",
+    "sklearn": "sklearn",
+    "tensorrt": "trt",
+}
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputSpec(_Value):
+    """Shape of one input row (without the batch dimension) and its dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def row_size(self) -> int:
+        size = 1
+        for dim in self.shape:
+            size *= dim
+        return size
+
+
+class Task(_Value):
+    """What is asked, independent of any model: input spec, classes and the validation set."""
+
+    name: str
+    input_spec: InputSpec
+    num_classes: int = Field(ge=2)
+    validation_artifact: str  # path of the .npz under the artifacts dir (content-addressed)
+    validation_size: int = Field(ge=1)
+    description: str = ""
+    created_at_s: float = 0.0
+
+
+class Architecture(_Value):
+    """One registered model of a task; the reference that every variant must agree with."""
+
+    name: str
+    task: str
+    kind: ModelKind
+    source_sha256: str
+    artifact: str  # path of the uploaded model under the artifacts dir
+    description: str = ""
+    owner: str = "admin"
+    created_at_s: float = 0.0
+
+
+class VariantSpec(_Value):
+    """What the variant generator plans: runtime × hardware × precision × threads × max batch."""
+
+    architecture: str
+    runtime: RuntimeName
+    hardware: Hardware = "cpu"
+    precision: Precision = "fp32"
+    threads: int = Field(default=1, ge=1)
+    max_batch: int = Field(default=128, ge=1)
+
+    @property
+    def name(self) -> str:
+        """Stable readable name, e.g. ``digits-cnn/onnx-cpu-int8-t1``."""
+        short = _RUNTIME_SHORT[self.runtime]
+        return f"{self.architecture}/{short}-{self.hardware}-{self.precision}-t{self.threads}"
+
+    @property
+    def cores(self) -> int:
+        """CPU cores the variant holds while running (its thread count)."""
+        return self.threads
+
+
+class Parity(_Value):
+    """Agreement of a variant with its architecture's reference on the whole validation set."""
+
+    top1_agreement: float = Field(ge=0.0, le=1.0)
+    max_abs_diff: float = Field(ge=0.0)
+    samples: int = Field(ge=1)
+
+
+class Variant(_Value):
+    """One runnable build of an architecture, immutable once built."""
+
+    spec: VariantSpec
+    artifact: str  # path under the artifacts dir (content-addressed)
+    sha256: str
+    parity: Parity
+    created_at_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def architecture(self) -> str:
+        return self.spec.architecture
+
+
+class SkippedVariant(_Value):
+    """A planned variant that was not built or failed its parity check, and why."""
+
+    architecture: str
+    name: str
+    reason: str
+
+
+class MachineInfo(_Value):
+    """Where a profile was measured; profiles from another machine are not mixed silently."""
+
+    cpu_model: str
+    cores: int
+    gpu: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.cpu_model}|{self.cores}|{self.gpu or '-'}"
+
+
+class LatencyPoint(_Value):
+    """Measured latency at one batch size."""
+
+    batch: int = Field(ge=1)
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput_qps: float  # inferences (rows) per second
+    samples: int
+    stable: bool  # three consecutive windows within tolerance, else a cap stopped it
+    stop_reason: str
+    cost_usd_per_1k: float
+
+
+class Profile(_Value):
+    """What was measured for one variant on one machine."""
+
+    variant: str
+    status: Literal["ok", "failed"] = "ok"
+    error: str | None = None
+    machine: MachineInfo
+    measured_at_s: float
+    points: tuple[LatencyPoint, ...] = ()
+    fit_intercept_ms: float = 0.0
+    fit_slope_ms: float = 0.0  # per row in the batch
+    fit_error: float = 0.0  # max relative error of the fit at the measured points
+    load_time_s: float = 0.0
+    warmup_s: float = 0.0
+    memory_mb: float = 0.0
+    accuracy: float = 0.0
+    price_usd_per_s: float = 0.0  # what the resources the variant holds cost per second
+
+    def latency_ms(self, batch: int, quantile: Literal["p50", "p95", "p99", "mean"] = "p99") -> float:
+        """Latency at any batch size up to the largest measured, by linear interpolation
+        between measured points (exact at them); beyond the last point, the fitted line."""
+        pts = self.points
+        if not pts:
+            return float("inf")
+        batches = [p.batch for p in pts]
+        attr = f"{quantile}_ms"
+        i = bisect.bisect_left(batches, batch)
+        if i < len(pts) and batches[i] == batch:
+            return float(getattr(pts[i], attr))
+        if i == 0:
+            return float(getattr(pts[0], attr))
+        if i == len(pts):
+            last = pts[-1]
+            return float(getattr(last, attr)) + self.fit_slope_ms * (batch - last.batch)
+        lo, hi = pts[i - 1], pts[i]
+        frac = (batch - lo.batch) / (hi.batch - lo.batch)
+        lo_v, hi_v = float(getattr(lo, attr)), float(getattr(hi, attr))
+        return lo_v + frac * (hi_v - lo_v)
+
+    def cost_usd_per_1k(self, batch: int = 1) -> float:
+        """Cost per 1 000 rows when run in batches of `batch`: price × mean batch time ÷ rows."""
+        mean_ms = self.latency_ms(batch, "mean")
+        return self.price_usd_per_s * (mean_ms / 1000.0) / batch * 1000.0
+
+
+class SLO(_Value):
+    """A query's targets."""
+
+    latency_ms: float = Field(gt=0)
+    min_accuracy: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)
+
+
+class Decision(_Value):
+    """The router's answer for one query."""
+
+    variant: str
+    architecture: str
+    predicted_latency_ms: float
+    cost_usd_per_1k: float
+    accuracy: float
+    reason: str
+    load_hint: str | None = None  # a cheaper feasible variant the pool should load
+
+
+class Tenant(_Value):
+    name: str
+    role: Role = "tenant"
+    created_at_s: float = 0.0
+    revoked: bool = False
+
+
+class UsageKey(_Value):
+    """Usage is aggregated per tenant × task × variant × minute (epoch minute)."""
+
+    tenant: str
+    task: str
+    variant: str
+    minute: int
+
+
+class UsageDelta(_Value):
+    """Integer counters to add to one usage key (queries, cost_pusd, slo_met, slo_missed, ...)."""
+
+    key: UsageKey
+    counters: dict[str, int]
+
+
+class UsageRecord(_Value):
+    key: UsageKey
+    counters: dict[str, int]
+
+
+# ---- usage counters and the fleet view (shared by metering, the usage API and the dashboard) ----
+
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    50.0,
+    75.0,
+    100.0,
+    200.0,
+    500.0,
+    1000.0,
+)
+"""Upper bounds of the latency histogram kept per usage row (counter ``lat_le_<ms>``; ``lat_inf``
+counts the rest), so p50/p99 per tenant can be estimated from stored integer counters."""
+
+COUNTER_QUERIES = "queries"
+COUNTER_ROWS = "rows"
+COUNTER_COST_PUSD = "cost_pusd"
+COUNTER_SLO_MET = "slo_met"
+COUNTER_SLO_MISSED = "slo_missed"
+
+
+def latency_bucket_counter(latency_ms: float) -> str:
+    """Name of the histogram counter a latency falls in."""
+    i = bisect.bisect_left(LATENCY_BUCKETS_MS, latency_ms)
+    return "lat_inf" if i == len(LATENCY_BUCKETS_MS) else f"lat_le_{LATENCY_BUCKETS_MS[i]:g}"
+
+
+class WorkerInfo(_Value):
+    """One worker process as the fleet view shows it."""
+
+    worker_id: str
+    family: str  # runtime family hosted: onnxruntime | tensorflow | sklearn
+    alive: bool
+    loaded: tuple[str, ...]  # variant names, least recently used first
+    memory_used_mb: float
+    memory_budget_mb: float
+    queue_depth: int = 0
+
+
+class FleetEvent(_Value):
+    """A routing, loading, eviction or scaling decision, with its reason, for the fleet view."""
+
+    at_s: float
+    kind: Literal["route", "load", "evict", "replicate", "unload", "crash", "retry"]
+    variant: str
+    worker_id: str | None = None
+    reason: str

@@ -1,0 +1,1 @@
+"""Measuring variants: latency, throughput, memory, load time, accuracy and cost."""

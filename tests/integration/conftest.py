@@ -1,0 +1,67 @@
+"""Integration fixtures: a real uvicorn server on a free port, in a thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from infaas.api import create_app
+from infaas.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: FastAPI
+    admin_key: str
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
+
+    def new_tenant(self, name: str) -> str:
+        with self.client(self.admin_key) as c:
+            r = c.post("/v1/admin/tenants", json={"name": name})
+            assert r.status_code == 201, r.text
+            key: str = r.json()["api_key"]
+            return key
+
+
+def serve_app(app: FastAPI) -> Iterator[str]:
+    """Run `app` under uvicorn on a free port until the generator is closed; yields the URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    app = create_app(settings)
+    for url in serve_app(app):
+        yield LiveServer(url=url, app=app, admin_key=app.state.admin_key)

@@ -1,0 +1,1 @@
+"""Building variants of a registered architecture and loading them (see `variants.runtimes`)."""
