@@ -1,0 +1,70 @@
+"""The worker boundary: where loaded variants run, and the batcher in front of it.
+
+The front end never calls a runtime directly on the request path: it submits rows to the
+`Batcher`, which queues them per variant and makes one `WorkerPool.run` call per batch (one Ray hop
+per batch, not per request; DESIGN.md "Ray").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from infaas.types import FleetEvent, Profile, Variant, WorkerInfo
+
+__all__ = ["BatchResult", "Batcher", "WorkerPool"]
+
+
+class WorkerPool(Protocol):
+    """Hosts loaded variants in worker processes (Ray actors) or in-process (tests, tiny setups)."""
+
+    async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
+        """Run one batch (rows × input shape) on a replica of `variant`, loading it on demand.
+        Returns class probabilities (rows × classes). Raises `Unavailable` when no worker can."""
+        ...
+
+    async def ensure_loaded(self, variant: Variant) -> None:
+        """Load `variant` somewhere if no replica holds it (the router's hint for a cheaper variant)."""
+        ...
+
+    def is_loaded(self, variant: str) -> bool: ...
+
+    def fleet(self) -> list[WorkerInfo]: ...
+
+    def events(self, limit: int = 50) -> list[FleetEvent]:
+        """The most recent load / evict / replicate / crash / retry decisions, newest last."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One request's share of a batch, and how that batch went."""
+
+    outputs: np.ndarray  # this request's rows of the batch output
+    batch_rows: int  # rows in the whole batch it ran in (cost is split by rows)
+    batch_requests: int  # requests merged into that batch
+    queue_ms: float  # time this request waited in the batcher
+    run_ms: float  # time the batch took in the pool (Ray hop included)
+
+
+class Batcher(Protocol):
+    """Per-variant queues in the front end; batching parameters are per variant."""
+
+    async def submit(
+        self, variant: Variant, profile: Profile, rows: np.ndarray, deadline_s: float
+    ) -> BatchResult:
+        """Queue `rows` for `variant`; `deadline_s` (monotonic clock) is the request's SLO deadline, so
+        the batch is sent before waiting longer would break the tightest deadline in the queue."""
+        ...
+
+    def queue_delay_ms(self, variant: str) -> float:
+        """Predicted wait a new request to `variant` would see now (the router adds it to latency)."""
+        ...
+
+    def queue_depths(self) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
