@@ -6,6 +6,7 @@ their own store. Long-lived resources are opened in the lifespan and closed on s
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,7 +15,8 @@ from fastapi import FastAPI
 from infaas.api.auth import ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
-from infaas.api.routes import health, tenants
+from infaas.api.routes import dashboard, fleet, health, metrics, tenants, usage
+from infaas.metrics import Metrics
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
 
@@ -41,12 +43,14 @@ def create_app(settings: Settings, *, store: MetadataStore | None = None) -> Fas
     app.state.store = the_store
     app.state.admin_key = ensure_admin_key(settings)
     app.state.readiness_checks = {"store": lambda: the_store.list_tasks() is not None}
+    # Admin views: its own Prometheus registry per app (never the global one), fed by the meter.
+    app.state.metrics = Metrics(the_store, time.monotonic, sources=lambda: fleet.fleet_sources(app.state))
     install_error_handlers(app)
     app.add_middleware(
         BodyLimit,
         max_request_bytes=int(settings.max_request_mb * _MB),
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
-    for module in (health, tenants):
+    for module in (health, tenants, usage, fleet, metrics, dashboard):
         app.include_router(module.router)
     return app

@@ -1,0 +1,68 @@
+"""`GET /v1/admin/fleet`: workers, what each hosts, memory vs budget, queues, recent decisions.
+
+Read from the worker pool (`WorkerPool.fleet()`, `WorkerPool.events()`) and the batcher
+(`Batcher.queue_depths()`) the app factory put on `app.state`; a front end started without a pool
+(tests of the admin views alone) shows an empty fleet rather than failing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict
+
+from infaas.api.auth import AdminPrincipal
+from infaas.types import FleetEvent, WorkerInfo
+from infaas.workers.base import Batcher, WorkerPool
+
+__all__ = ["FleetView", "fleet_sources", "fleet_view", "router"]
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+class FleetView(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: tuple[WorkerInfo, ...]
+    memory_used_mb: float  # all workers together
+    memory_budget_mb: float
+    loaded_variants: int  # replicas: a variant on two workers counts twice
+    queue_depths: dict[str, int]  # requests waiting in the batcher, per variant
+    events: tuple[FleetEvent, ...]  # newest first
+
+
+def fleet_view(
+    workers: list[WorkerInfo], queue_depths: dict[str, int], events: list[FleetEvent]
+) -> FleetView:
+    """Assemble the view; events come oldest first from the pool and are shown newest first."""
+    return FleetView(
+        workers=tuple(sorted(workers, key=lambda w: w.worker_id)),
+        memory_used_mb=sum(w.memory_used_mb for w in workers),
+        memory_budget_mb=sum(w.memory_budget_mb for w in workers),
+        loaded_variants=sum(len(w.loaded) for w in workers),
+        queue_depths=dict(sorted(queue_depths.items())),
+        events=tuple(sorted(events, key=lambda e: e.at_s, reverse=True)),
+    )
+
+
+def fleet_sources(state: Any) -> tuple[WorkerPool | None, Batcher | None]:
+    """The pool and batcher on `app.state`, or None where the app runs without them."""
+    pool: WorkerPool | None = getattr(state, "pool", None)
+    batcher: Batcher | None = getattr(state, "batcher", None)
+    return pool, batcher
+
+
+@router.get("/fleet")
+async def fleet(
+    request: Request,
+    _: AdminPrincipal,
+    events: Annotated[int, Query(ge=0, le=1000, description="how many recent decisions")] = 50,
+) -> FleetView:
+    """Workers, loaded variants, memory used vs budget, queue depths and recent decisions with reasons."""
+    pool, batcher = fleet_sources(request.app.state)
+    return fleet_view(
+        pool.fleet() if pool is not None else [],
+        batcher.queue_depths() if batcher is not None else {},
+        pool.events(limit=events) if pool is not None and events else [],
+    )
