@@ -29,7 +29,20 @@ class WorkerPool(Protocol):
         """Load `variant` somewhere if no replica holds it (the router's hint for a cheaper variant)."""
         ...
 
+    async def replicate(self, variant: Variant) -> str:
+        """Load one more replica of `variant` on a worker that does not hold it yet (the autoscaler's
+        action); returns that worker's id. Raises `Unavailable` when no worker can take it."""
+        ...
+
+    async def unload(self, variant: str, worker_id: str | None = None) -> None:
+        """Drop `variant` from `worker_id` (or from every worker holding it)."""
+        ...
+
     def is_loaded(self, variant: str) -> bool: ...
+
+    def replicas(self, variant: str) -> int:
+        """How many workers hold `variant` loaded now (live state for the router and autoscaler)."""
+        ...
 
     def fleet(self) -> list[WorkerInfo]: ...
 

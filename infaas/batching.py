@@ -1,0 +1,303 @@
+"""Per-variant request queues in the front end: one worker-pool call per batch.
+
+A Ray actor call costs ~0.7 ms and ~3 000 calls/s on the reference machine (DESIGN.md, "Ray"), so
+requests are merged *before* the Ray hop: `AsyncBatcher.submit` queues a request's rows under its
+variant, `infaas.policy.batching.decide` says when the queue goes as one batch, one
+`WorkerPool.run` call runs it, and the output rows are split back to each request.
+
+The shell owns the clock (a `Timer`) and all asyncio; the decision itself is pure. Batching
+parameters are per variant (`set_params`), defaulting to the variant's max batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from infaas.errors import InvalidInput, Unavailable
+from infaas.policy.batching import BatchParams, decide, predicted_queue_delay_ms
+from infaas.types import Profile, Variant
+from infaas.workers.base import BatchResult, WorkerPool
+
+__all__ = ["AsyncBatcher", "LoopTimer", "ManualTimer", "Timer", "TimerHandle"]
+
+_OVERHEAD_EWMA_ALPHA = 0.1
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timer(Protocol):
+    """The batcher's clock: monotonic seconds and a callback at a given time."""
+
+    def now_s(self) -> float: ...
+
+    def call_at(self, when_s: float, callback: Callable[[], None]) -> TimerHandle: ...
+
+
+class LoopTimer:
+    """`time.monotonic` and the running event loop's timers (the clock request deadlines use)."""
+
+    def now_s(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when_s: float, callback: Callable[[], None]) -> TimerHandle:
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, when_s - time.monotonic()), callback)
+
+
+@dataclass(order=True)
+class _ManualEntry:
+    when_s: float
+    seq: int
+    callback: Callable[[], None] = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualTimer:
+    """A fake clock for tests: time moves only when `advance` is called, which fires due callbacks
+    in time order."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self._now_s = start_s
+        self._heap: list[_ManualEntry] = []
+        self._seq = itertools.count()
+
+    def now_s(self) -> float:
+        return self._now_s
+
+    def call_at(self, when_s: float, callback: Callable[[], None]) -> TimerHandle:
+        entry = _ManualEntry(when_s, next(self._seq), callback)
+        heapq.heappush(self._heap, entry)
+        return entry
+
+    def advance(self, seconds: float) -> None:
+        target_s = self._now_s + seconds
+        while self._heap and self._heap[0].when_s <= target_s:
+            entry = heapq.heappop(self._heap)
+            if entry.cancelled:
+                continue
+            self._now_s = max(self._now_s, entry.when_s)
+            entry.callback()
+        self._now_s = target_s
+
+    @property
+    def pending(self) -> int:
+        return sum(1 for e in self._heap if not e.cancelled)
+
+
+@dataclass(eq=False)
+class _Pending:
+    inputs: np.ndarray
+    rows: int
+    deadline_s: float
+    enqueued_s: float
+    future: asyncio.Future[BatchResult]
+
+
+@dataclass(eq=False)
+class _VariantQueue:
+    variant: Variant
+    profile: Profile
+    params: BatchParams
+    overhead_ms: float
+    pending: deque[_Pending] = field(default_factory=deque)
+    in_flight: dict[int, float] = field(default_factory=dict)  # batch id → predicted finish (s)
+    timer: TimerHandle | None = None
+    timer_at_s: float | None = None
+
+    def latency_ms(self, rows: int) -> float:
+        return self.profile.latency_ms(rows, "p99") + self.overhead_ms
+
+
+class AsyncBatcher:
+    """The `Batcher` of the front end: per-variant queues, one `WorkerPool.run` per batch.
+
+    `initial_overhead_ms` is the path's overhead beyond the profile (the Ray hop, ~0.7 ms here)
+    until the first batches measure it; afterwards it follows an exponential average of
+    ``run_ms - profile p50``. `batching=False` sends every request alone (benchmarks)."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *,
+        timer: Timer | None = None,
+        max_in_flight: int = 2,
+        initial_overhead_ms: float = 1.0,
+        batching: bool = True,
+    ) -> None:
+        self._pool = pool
+        self._timer: Timer = timer or LoopTimer()
+        self._max_in_flight = max_in_flight
+        self._initial_overhead_ms = initial_overhead_ms
+        self._batching = batching
+        self._queues: dict[str, _VariantQueue] = {}
+        self._overrides: dict[str, BatchParams] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._batch_ids = itertools.count()
+        self._closed = False
+
+    # ---- parameters -------------------------------------------------------------------------
+
+    def default_params(self, variant: Variant) -> BatchParams:
+        if not self._batching:
+            return BatchParams(max_batch=1, max_in_flight=1024)
+        return BatchParams(max_batch=variant.spec.max_batch, max_in_flight=self._max_in_flight)
+
+    def set_params(self, variant: str, params: BatchParams) -> None:
+        """Per-variant batching parameters (override the variant's max batch or its in-flight cap)."""
+        self._overrides[variant] = params
+        queue = self._queues.get(variant)
+        if queue is not None:
+            queue.params = params
+            self._pump(queue)
+
+    def params(self, variant: str) -> BatchParams | None:
+        queue = self._queues.get(variant)
+        return queue.params if queue is not None else self._overrides.get(variant)
+
+    # ---- the request path -------------------------------------------------------------------
+
+    async def submit(
+        self, variant: Variant, profile: Profile, rows: np.ndarray, deadline_s: float
+    ) -> BatchResult:
+        """Queue `rows` for `variant` and wait for this request's share of its batch."""
+        if self._closed:
+            raise Unavailable("the batcher is shutting down; retry on another front end")
+        if rows.ndim < 1 or rows.shape[0] < 1:
+            raise InvalidInput("a query needs at least one input row")
+        queue = self._queues.get(variant.name)
+        if queue is None:
+            params = self._overrides.get(variant.name) or self.default_params(variant)
+            queue = _VariantQueue(variant, profile, params, self._initial_overhead_ms)
+            self._queues[variant.name] = queue
+        else:
+            queue.profile = profile
+        future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        queue.pending.append(_Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future))
+        self._pump(queue)
+        return await future
+
+    def _pump(self, queue: _VariantQueue) -> None:
+        while True:
+            while queue.pending and queue.pending[0].future.done():
+                queue.pending.popleft()  # cancelled by its caller (client gone)
+            now_s = self._timer.now_s()
+            decision = decide(queue.pending, queue.latency_ms, queue.params, len(queue.in_flight), now_s)
+            if not decision.send:
+                self._arm(queue, decision.wait_until_s)
+                return
+            batch = [queue.pending.popleft() for _ in range(decision.send_requests)]
+            batch = [p for p in batch if not p.future.done()]
+            if not batch:
+                continue
+            batch_id = next(self._batch_ids)
+            queue.in_flight[batch_id] = now_s + queue.latency_ms(decision.send_rows) / 1000.0
+            task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _arm(self, queue: _VariantQueue, when_s: float | None) -> None:
+        if when_s == queue.timer_at_s:
+            return
+        if queue.timer is not None:
+            queue.timer.cancel()
+            queue.timer = None
+        queue.timer_at_s = when_s
+        if when_s is not None:
+            queue.timer = self._timer.call_at(when_s, lambda: self._on_timer(queue))
+
+    def _on_timer(self, queue: _VariantQueue) -> None:
+        queue.timer = None
+        queue.timer_at_s = None
+        self._pump(queue)
+
+    async def _run(self, queue: _VariantQueue, batch_id: int, batch: list[_Pending]) -> None:
+        sent_s = self._timer.now_s()
+        try:
+            inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([p.inputs for p in batch])
+            outputs = await self._pool.run(queue.variant, inputs)
+            if outputs.shape[0] != inputs.shape[0]:
+                raise Unavailable(
+                    f"worker returned {outputs.shape[0]} rows for a batch of {inputs.shape[0]}",
+                    variant=queue.variant.name,
+                )
+        except BaseException as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc if isinstance(exc, Exception) else Unavailable(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            queue.in_flight.pop(batch_id, None)
+            if not self._closed:
+                self._pump(queue)
+        done_s = self._timer.now_s()
+        run_ms = (done_s - sent_s) * 1000.0
+        rows = int(inputs.shape[0])
+        measured_overhead_ms = run_ms - queue.profile.latency_ms(rows, "p50")
+        queue.overhead_ms += _OVERHEAD_EWMA_ALPHA * (max(0.0, measured_overhead_ms) - queue.overhead_ms)
+        offset = 0
+        for p in batch:
+            share = outputs[offset : offset + p.rows]
+            offset += p.rows
+            if not p.future.done():
+                p.future.set_result(
+                    BatchResult(
+                        outputs=share,
+                        batch_rows=rows,
+                        batch_requests=len(batch),
+                        queue_ms=(sent_s - p.enqueued_s) * 1000.0,
+                        run_ms=run_ms,
+                    )
+                )
+
+    # ---- what the router and the dashboard read ---------------------------------------------
+
+    def queue_delay_ms(self, variant: str) -> float:
+        """Predicted wait of a new request to `variant` before its batch is sent (0 when idle)."""
+        queue = self._queues.get(variant)
+        if queue is None:
+            return 0.0
+        now_s = self._timer.now_s()
+        remaining_ms = [(finish_s - now_s) * 1000.0 for finish_s in queue.in_flight.values()]
+        queued_rows = sum(p.rows for p in queue.pending)
+        return predicted_queue_delay_ms(queued_rows, remaining_ms, queue.latency_ms, queue.params)
+
+    def overhead_ms(self, variant: str) -> float:
+        """Measured overhead of the pool call beyond the profile's p50 (the Ray hop, mostly)."""
+        queue = self._queues.get(variant)
+        return queue.overhead_ms if queue is not None else self._initial_overhead_ms
+
+    def queue_depths(self) -> dict[str, int]:
+        """Requests waiting (not yet sent) per variant."""
+        return {name: len(q.pending) for name, q in self._queues.items() if q.pending}
+
+    def in_flight(self) -> dict[str, int]:
+        """Batches running now per variant."""
+        return {name: len(q.in_flight) for name, q in self._queues.items() if q.in_flight}
+
+    async def close(self) -> None:
+        """Refuse new requests, answer queued ones with `Unavailable`, let running batches finish."""
+        self._closed = True
+        for queue in self._queues.values():
+            self._arm(queue, None)
+            while queue.pending:
+                p = queue.pending.popleft()
+                if not p.future.done():
+                    p.future.set_exception(Unavailable("the batcher shut down before this request ran"))
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,143 @@
+"""When to send a variant's queued requests as one batch (pure: no clock reads, no I/O).
+
+The front end's batcher (`infaas.batching`) calls `decide` on every arrival, every batch
+completion and every timer it set, with the variant's queue and the clock's value; it does what
+the decision says. A batch goes:
+
+1. when the queue holds `max_batch` rows (**full**);
+2. when waiting any longer would break the tightest deadline in the queue, i.e. ``now_s`` has
+   reached ``min(deadline) - latency(rows)`` (**deadline**);
+3. when nothing of this variant is running (**idle**): a wait with an idle worker only adds
+   latency, and while a batch runs the next one fills for free (work-conserving batching, which
+   keeps the bare-call latency at low load and grows batches with load);
+
+and never while `max_in_flight` batches of the variant are already running (**busy**): the
+completion of one of them re-triggers the decision, so overload makes batches larger instead of
+flooding the workers with small ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+__all__ = [
+    "BatchDecision",
+    "BatchParams",
+    "LatencyFn",
+    "Queued",
+    "decide",
+    "predicted_queue_delay_ms",
+]
+
+LatencyFn = Callable[[int], float]
+"""Predicted milliseconds from sending a batch of n rows to its outputs being back (the variant's
+profile at n plus the path's measured overhead)."""
+
+
+class Queued(Protocol):
+    """What the policy reads of one queued request."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def deadline_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class BatchParams:
+    """Batching parameters of one variant."""
+
+    max_batch: int  # rows per batch: the variant's max batch (or 1 to turn batching off)
+    max_in_flight: int = 2  # batches of this variant running at once (replicas × pipelining)
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_in_flight < 1:
+            raise ValueError("max_batch and max_in_flight must be ≥ 1")
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """Send the first `send_requests` queued requests now, or wait until `wait_until_s` (None: until
+    the next arrival or completion)."""
+
+    send_requests: int
+    send_rows: int
+    wait_until_s: float | None
+    reason: Literal["empty", "busy", "full", "deadline", "idle", "wait"]
+
+    @property
+    def send(self) -> bool:
+        return self.send_requests > 0
+
+
+def _head(queue: Sequence[Queued], max_batch: int) -> tuple[int, int, int]:
+    """(requests, rows) of the longest queue prefix that fits `max_batch` (at least one request,
+    so an oversized request still goes, alone), and the rows of the whole queue."""
+    take_n = 0
+    take_rows = 0
+    total = 0
+    fits = True
+    for item in queue:
+        total += item.rows
+        if fits and (take_n == 0 or take_rows + item.rows <= max_batch):
+            take_n += 1
+            take_rows += item.rows
+        else:
+            fits = False
+    return take_n, take_rows, total
+
+
+def decide(
+    queue: Sequence[Queued],
+    latency_ms: LatencyFn,
+    params: BatchParams,
+    in_flight: int,
+    now_s: float,
+) -> BatchDecision:
+    """Send now or wait: see the module docstring for the rules, applied in the order busy, full,
+    deadline, idle, wait."""
+    if not queue:
+        return BatchDecision(0, 0, None, "empty")
+    if in_flight >= params.max_in_flight:
+        return BatchDecision(0, 0, None, "busy")
+    take_n, take_rows, total_rows = _head(queue, params.max_batch)
+    if total_rows >= params.max_batch or take_n < len(queue):
+        return BatchDecision(take_n, take_rows, None, "full")
+    tightest_s = min(item.deadline_s for item in queue)
+    latest_send_s = tightest_s - latency_ms(take_rows) / 1000.0
+    if now_s >= latest_send_s:
+        return BatchDecision(take_n, take_rows, None, "deadline")
+    if in_flight == 0:
+        return BatchDecision(take_n, take_rows, None, "idle")
+    return BatchDecision(0, 0, latest_send_s, "wait")
+
+
+def predicted_queue_delay_ms(
+    queued_rows: int,
+    in_flight_remaining_ms: Sequence[float],
+    latency_ms: LatencyFn,
+    params: BatchParams,
+) -> float:
+    """Predicted wait of a new one-row request before its batch is sent, by replaying the rules.
+
+    `in_flight_remaining_ms` are the predicted remaining times of the batches running now. The
+    queued rows go first in full batches, each taking a slot for `latency_ms(max_batch)`; the new
+    request's batch takes the next free slot, except that a partial batch does not take a free
+    slot while another batch runs: it waits for the earliest completion (rule *wait*)."""
+    free_at = [max(0.0, ms) for ms in in_flight_remaining_ms]
+    free_at += [0.0] * max(0, params.max_in_flight - len(free_at))
+    heapq.heapify(free_at)
+    total_rows = queued_rows + 1
+    n_batches = -(-total_rows // params.max_batch)
+    full_ms = latency_ms(params.max_batch)
+    for _ in range(n_batches - 1):
+        heapq.heappush(free_at, heapq.heappop(free_at) + full_ms)
+    start_ms = heapq.heappop(free_at)
+    last_rows = total_rows - (n_batches - 1) * params.max_batch
+    if in_flight_remaining_ms and last_rows < params.max_batch:
+        start_ms = max(start_ms, max(0.0, min(in_flight_remaining_ms)))
+    return start_ms

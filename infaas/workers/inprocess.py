@@ -1,0 +1,275 @@
+"""The `WorkerPool` protocol in the calling process: unit tests, tiny setups, and fakes.
+
+`InProcessPool` loads variants with `variants.runtimes.load_variant` (or an injected loader), keeps
+them under a memory budget with least-recently-used eviction like a Ray worker does, and runs a
+batch inline in the event loop: right for tests and for models that answer in microseconds, wrong
+for anything that would block the loop for long (use `RayPool`).
+
+`EchoModel` and `RecordingPool` are shipped fakes: a model whose outputs are a known function of its
+inputs (to check that batches are split back to the right request), and a pool that records every
+batch and holds it until the test releases it (to drive the batcher deterministically).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from infaas.errors import Unavailable
+from infaas.types import FleetEvent, Variant, WorkerInfo
+from variants.runtimes.base import LoadedModel
+
+__all__ = ["EchoModel", "InProcessPool", "RecordingPool", "echo_outputs"]
+
+WORKER_ID = "inprocess-0"
+_MB = 1024.0 * 1024.0
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / _MB
+
+
+def echo_outputs(x: np.ndarray, num_classes: int) -> np.ndarray:
+    """What `EchoModel` returns: row i's first feature in column 0, then the row's index-free sum,
+    then zeros, so each output row identifies its input row."""
+    flat = x.reshape(x.shape[0], -1).astype(np.float32)
+    out = np.zeros((x.shape[0], num_classes), dtype=np.float32)
+    out[:, 0] = flat[:, 0]
+    if num_classes > 1:
+        out[:, 1] = flat.sum(axis=1)
+    return out
+
+
+class EchoModel:
+    """A fake `LoadedModel` whose outputs identify its inputs (`echo_outputs`)."""
+
+    def __init__(self, variant: str, num_classes: int = 3, memory_mb: float = 1.0) -> None:
+        self._variant = variant
+        self.num_classes = num_classes
+        self.memory_mb = memory_mb
+        self.calls = 0
+        self.closed = False
+
+    @property
+    def variant(self) -> str:
+        return self._variant
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return echo_outputs(x, self.num_classes)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _EventLog:
+    def __init__(self, maxlen: int = 500) -> None:
+        self._events: deque[FleetEvent] = deque(maxlen=maxlen)
+
+    def add(self, kind: str, variant: str, worker_id: str | None, reason: str) -> FleetEvent:
+        event = FleetEvent.model_validate(
+            {"at_s": time.time(), "kind": kind, "variant": variant, "worker_id": worker_id, "reason": reason}
+        )
+        self._events.append(event)
+        return event
+
+    def recent(self, limit: int) -> list[FleetEvent]:
+        return list(self._events)[-limit:] if limit > 0 else []
+
+
+class InProcessPool:
+    """One in-process "worker" holding variants under `memory_budget_mb`, LRU-evicted.
+
+    A variant's memory is the larger of the process RSS growth while loading it and a
+    `memory_mb` attribute the loaded model declares (fakes do); the last loaded variant always
+    stays, even alone over the budget."""
+
+    def __init__(
+        self,
+        artifacts_dir: Path | None = None,
+        *,
+        memory_budget_mb: float = 2048.0,
+        loader: Callable[[Variant], LoadedModel] | None = None,
+    ) -> None:
+        if loader is None:
+            if artifacts_dir is None:
+                raise ValueError("InProcessPool needs artifacts_dir or a loader")
+            loader = _artifact_loader(artifacts_dir)
+        self._loader = loader
+        self._budget_mb = memory_budget_mb
+        self._models: OrderedDict[str, tuple[LoadedModel, float]] = OrderedDict()
+        self._events = _EventLog()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._running = 0
+        self._closed = False
+
+    async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
+        if self._closed:
+            raise Unavailable("the worker pool is closed")
+        model = await self._load(variant, reason="on demand: first request")
+        self._models.move_to_end(variant.name)
+        self._running += 1
+        try:
+            return model.predict(batch)
+        finally:
+            self._running -= 1
+
+    async def ensure_loaded(self, variant: Variant) -> None:
+        await self._load(variant, reason="requested (router hint or autoscaler)")
+
+    async def replicate(self, variant: Variant) -> str:
+        """One process holds one replica at most: loads it if absent, returns the worker id."""
+        await self._load(variant, reason="replicate: in-process pool has one worker")
+        return WORKER_ID
+
+    async def unload(self, variant: str, worker_id: str | None = None) -> None:
+        entry = self._models.pop(variant, None)
+        if entry is not None:
+            entry[0].close()
+            self._events.add("unload", variant, WORKER_ID, "unload requested")
+
+    def replicas(self, variant: str) -> int:
+        return 1 if variant in self._models else 0
+
+    async def _load(self, variant: Variant, reason: str) -> LoadedModel:
+        entry = self._models.get(variant.name)
+        if entry is not None:
+            return entry[0]
+        lock = self._locks.setdefault(variant.name, asyncio.Lock())
+        async with lock:
+            entry = self._models.get(variant.name)
+            if entry is not None:
+                return entry[0]
+            before_mb = _rss_mb()
+            started_s = time.perf_counter()
+            try:
+                model = self._loader(variant)
+            except Exception as exc:
+                raise Unavailable(f"could not load {variant.name}: {exc}", variant=variant.name) from exc
+            load_s = time.perf_counter() - started_s
+            memory_mb = max(_rss_mb() - before_mb, float(getattr(model, "memory_mb", 0.0)), 0.0)
+            self._models[variant.name] = (model, memory_mb)
+            self._events.add(
+                "load", variant.name, WORKER_ID, f"{reason}; {load_s * 1000:.0f} ms, {memory_mb:.1f} MB"
+            )
+            self._evict_over_budget(keep=variant.name)
+            return model
+
+    def _evict_over_budget(self, keep: str) -> None:
+        while self._used_mb() > self._budget_mb and len(self._models) > 1:
+            victim = next(name for name in self._models if name != keep)
+            model, memory_mb = self._models.pop(victim)
+            model.close()
+            self._events.add(
+                "evict",
+                victim,
+                WORKER_ID,
+                f"least recently used; {self._used_mb() + memory_mb:.1f} MB over the "
+                f"{self._budget_mb:.0f} MB budget after loading {keep}",
+            )
+
+    def _used_mb(self) -> float:
+        return sum(memory_mb for _, memory_mb in self._models.values())
+
+    def is_loaded(self, variant: str) -> bool:
+        return variant in self._models
+
+    def fleet(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                worker_id=WORKER_ID,
+                family="inprocess",
+                alive=not self._closed,
+                loaded=tuple(self._models),
+                memory_used_mb=self._used_mb(),
+                memory_budget_mb=self._budget_mb,
+                queue_depth=self._running,
+            )
+        ]
+
+    def events(self, limit: int = 50) -> list[FleetEvent]:
+        return self._events.recent(limit)
+
+    async def close(self) -> None:
+        self._closed = True
+        for model, _ in self._models.values():
+            model.close()
+        self._models.clear()
+
+
+def _artifact_loader(artifacts_dir: Path) -> Callable[[Variant], LoadedModel]:
+    def load(variant: Variant) -> LoadedModel:
+        from variants.runtimes import load_variant
+
+        return load_variant(variant, artifacts_dir)
+
+    return load
+
+
+class RecordingPool:
+    """A fake `WorkerPool` for the batcher's tests: records each batch, answers with
+    `echo_outputs`, and while `gated` holds every batch until `release()` lets one through."""
+
+    def __init__(self, num_classes: int = 3, *, gated: bool = False) -> None:
+        self.num_classes = num_classes
+        self.gated = gated
+        self.batches: list[tuple[str, np.ndarray]] = []
+        self.fail_next: Exception | None = None
+        self._releases = asyncio.Semaphore(0)
+        self._loaded: set[str] = set()
+        self.closed = False
+
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._releases.release()
+
+    async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
+        self.batches.append((variant.name, batch))
+        self._loaded.add(variant.name)
+        if self.gated:
+            await self._releases.acquire()
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        return echo_outputs(batch, self.num_classes)
+
+    async def ensure_loaded(self, variant: Variant) -> None:
+        self._loaded.add(variant.name)
+
+    async def replicate(self, variant: Variant) -> str:
+        self._loaded.add(variant.name)
+        return WORKER_ID
+
+    async def unload(self, variant: str, worker_id: str | None = None) -> None:
+        self._loaded.discard(variant)
+
+    def replicas(self, variant: str) -> int:
+        return 1 if variant in self._loaded else 0
+
+    def is_loaded(self, variant: str) -> bool:
+        return variant in self._loaded
+
+    def fleet(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                worker_id=WORKER_ID,
+                family="fake",
+                alive=True,
+                loaded=tuple(sorted(self._loaded)),
+                memory_used_mb=0.0,
+                memory_budget_mb=0.0,
+            )
+        ]
+
+    def events(self, limit: int = 50) -> list[FleetEvent]:
+        return []
+
+    async def close(self) -> None:
+        self.closed = True

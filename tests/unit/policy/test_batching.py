@@ -1,0 +1,141 @@
+"""The batching policy: full, deadline, idle, busy and wait, plus properties over random queues."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infaas.policy.batching import BatchParams, decide, predicted_queue_delay_ms
+
+
+@dataclass(frozen=True)
+class Req:
+    rows: int
+    deadline_s: float
+
+
+def linear(intercept_ms: float, slope_ms: float):  # type: ignore[no-untyped-def]
+    return lambda n: intercept_ms + slope_ms * n
+
+
+LAT = linear(2.0, 0.1)  # 2.1 ms for one row, 5.2 ms for 32
+
+
+def test_empty_queue_waits_for_an_arrival() -> None:
+    d = decide([], LAT, BatchParams(max_batch=8), in_flight=0, now_s=0.0)
+    assert not d.send and d.wait_until_s is None and d.reason == "empty"
+
+
+def test_idle_worker_sends_at_once() -> None:
+    d = decide([Req(1, 10.0)], LAT, BatchParams(max_batch=8), in_flight=0, now_s=0.0)
+    assert (d.send_requests, d.send_rows, d.reason) == (1, 1, "idle")
+
+
+def test_full_batch_goes_even_while_one_runs() -> None:
+    queue = [Req(4, 10.0), Req(4, 10.0), Req(3, 10.0)]
+    d = decide(queue, LAT, BatchParams(max_batch=8, max_in_flight=2), in_flight=1, now_s=0.0)
+    assert (d.send_requests, d.send_rows, d.reason) == (2, 8, "full")
+
+
+def test_busy_waits_for_a_completion_even_when_full() -> None:
+    queue = [Req(8, 0.001)]
+    d = decide(queue, LAT, BatchParams(max_batch=8, max_in_flight=1), in_flight=1, now_s=0.0)
+    assert not d.send and d.reason == "busy" and d.wait_until_s is None
+
+
+def test_partial_batch_waits_while_one_runs_until_the_tightest_deadline_needs_it() -> None:
+    params = BatchParams(max_batch=8, max_in_flight=2)
+    queue = [Req(1, 0.050), Req(2, 0.020)]
+    d = decide(queue, LAT, params, in_flight=1, now_s=0.0)
+    assert d.reason == "wait"
+    assert d.wait_until_s == pytest.approx(0.020 - LAT(3) / 1000)
+    at_deadline = decide(queue, LAT, params, in_flight=1, now_s=d.wait_until_s)
+    assert (at_deadline.send_requests, at_deadline.send_rows, at_deadline.reason) == (2, 3, "deadline")
+
+
+def test_oversized_request_goes_alone() -> None:
+    d = decide([Req(20, 1.0), Req(1, 1.0)], LAT, BatchParams(max_batch=8), in_flight=0, now_s=0.0)
+    assert (d.send_requests, d.send_rows, d.reason) == (1, 20, "full")
+
+
+def test_params_are_validated() -> None:
+    with pytest.raises(ValueError):
+        BatchParams(max_batch=0)
+
+
+queues = st.lists(
+    st.builds(Req, st.integers(1, 16), st.floats(0.0, 0.5, allow_nan=False)), min_size=1, max_size=40
+)
+
+
+@given(
+    queue=queues,
+    max_batch=st.integers(1, 64),
+    max_in_flight=st.integers(1, 4),
+    in_flight=st.integers(0, 4),
+    now_s=st.floats(0.0, 0.5, allow_nan=False),
+    intercept=st.floats(0.0, 20.0),
+    slope=st.floats(0.0, 2.0),
+)
+def test_decision_properties(
+    queue: list[Req],
+    max_batch: int,
+    max_in_flight: int,
+    in_flight: int,
+    now_s: float,
+    intercept: float,
+    slope: float,
+) -> None:
+    lat = linear(intercept, slope)
+    params = BatchParams(max_batch=max_batch, max_in_flight=max_in_flight)
+    d = decide(queue, lat, params, in_flight, now_s)
+    total = sum(r.rows for r in queue)
+    if in_flight >= max_in_flight:
+        assert not d.send  # never more than max_in_flight batches of a variant
+        return
+    if d.send:
+        # a FIFO prefix, within max batch unless it is one oversized request
+        assert 1 <= d.send_requests <= len(queue)
+        assert d.send_rows == sum(r.rows for r in queue[: d.send_requests])
+        assert d.send_rows <= max_batch or d.send_requests == 1
+        if d.send_requests < len(queue):
+            assert d.send_rows + queue[d.send_requests].rows > max_batch  # as full as FIFO allows
+    else:
+        # waiting only with something running, a partial batch, and a wake-up before the deadline
+        assert in_flight > 0 and total < max_batch
+        assert d.wait_until_s is not None and d.wait_until_s > now_s
+        tightest = min(r.deadline_s for r in queue)
+        assert d.wait_until_s + lat(total) / 1000 <= tightest + 1e-9
+    if total >= max_batch:
+        assert d.send and d.reason == "full"
+    if in_flight == 0:
+        assert d.send  # work-conserving: an idle variant never waits
+
+
+def test_queue_delay_is_zero_when_idle() -> None:
+    assert predicted_queue_delay_ms(0, [], LAT, BatchParams(max_batch=8)) == 0.0
+
+
+def test_queue_delay_waits_for_the_running_batch() -> None:
+    assert predicted_queue_delay_ms(0, [3.0], LAT, BatchParams(max_batch=8, max_in_flight=2)) == 3.0
+
+
+def test_queue_delay_counts_full_batches_ahead() -> None:
+    params = BatchParams(max_batch=8, max_in_flight=1)
+    # 16 queued rows = two full batches ahead, each 2.8 ms, after the running one (1 ms left)
+    assert predicted_queue_delay_ms(16, [1.0], LAT, params) == pytest.approx(1.0 + 2 * LAT(8))
+
+
+@given(
+    queued=st.integers(0, 200),
+    running=st.lists(st.floats(0.0, 50.0), max_size=4),
+    max_batch=st.integers(1, 64),
+)
+def test_queue_delay_grows_with_the_queue(queued: int, running: list[float], max_batch: int) -> None:
+    params = BatchParams(max_batch=max_batch, max_in_flight=4)
+    a = predicted_queue_delay_ms(queued, running, LAT, params)
+    b = predicted_queue_delay_ms(queued + max_batch, running, LAT, params)
+    assert 0.0 <= a <= b

@@ -1,0 +1,210 @@
+"""The batcher shell with the recording fake pool and a manual clock: merging, splitting, waiting,
+errors and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from infaas.batching import AsyncBatcher, ManualTimer
+from infaas.errors import Unavailable
+from infaas.policy.batching import BatchParams
+from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
+from infaas.workers.inprocess import RecordingPool, echo_outputs
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def make_variant(name: str = "arch", max_batch: int = 8) -> Variant:
+    return Variant(
+        spec=VariantSpec(architecture=name, runtime="onnxruntime", max_batch=max_batch),
+        artifact=f"{name}.onnx",
+        sha256="0" * 64,
+        parity=Parity(top1_agreement=1.0, max_abs_diff=0.0, samples=1),
+    )
+
+
+def point(batch: int, ms: float) -> LatencyPoint:
+    return LatencyPoint(
+        batch=batch, p50_ms=ms, p95_ms=ms, p99_ms=ms, mean_ms=ms, throughput_qps=batch / ms * 1000,
+        samples=10, stable=True, stop_reason="stable", cost_usd_per_1k=0.0,
+    )  # fmt: skip
+
+
+def make_profile(variant: Variant) -> Profile:
+    return Profile(
+        variant=variant.name,
+        machine=MachineInfo(cpu_model="test", cores=2),
+        measured_at_s=0.0,
+        points=(point(1, 2.0), point(8, 4.0)),
+        fit_slope_ms=0.3,
+    )
+
+
+def rows(*first: float, width: int = 4) -> np.ndarray:
+    x = np.zeros((len(first), width), dtype=np.float32)
+    x[:, 0] = first
+    return x
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_requests_queued_behind_a_running_batch_merge_and_split_back() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant()
+    p = make_profile(v)
+    far = timer.now_s() + 10.0
+    first = asyncio.create_task(batcher.submit(v, p, rows(1.0), far))
+    await settle()
+    assert len(pool.batches) == 1  # idle: sent alone at once
+    later = [asyncio.create_task(batcher.submit(v, p, rows(10.0 + i, 20.0 + i), far)) for i in range(3)]
+    await settle()
+    assert len(pool.batches) == 1 and batcher.queue_depths() == {v.name: 3}
+    assert batcher.queue_delay_ms(v.name) > 0.0
+    pool.release()
+    await settle()
+    assert len(pool.batches) == 2
+    np.testing.assert_array_equal(pool.batches[1][1][:, 0], [10, 20, 11, 21, 12, 22])
+    pool.release()
+    results = [await t for t in later]
+    for i, r in enumerate(results):
+        np.testing.assert_array_equal(r.outputs, echo_outputs(rows(10.0 + i, 20.0 + i), 3))
+        assert (r.batch_rows, r.batch_requests) == (6, 3)
+    assert (await first).batch_requests == 1
+    assert batcher.queue_depths() == {} and batcher.queue_delay_ms(v.name) == 0.0
+    await batcher.close()
+
+
+async def test_a_full_batch_goes_without_waiting_for_the_deadline() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=2, initial_overhead_ms=0.0)
+    v = make_variant(max_batch=4)
+    p = make_profile(v)
+    far = timer.now_s() + 10.0
+    tasks = [asyncio.create_task(batcher.submit(v, p, rows(float(i)), far)) for i in range(5)]
+    await settle()
+    # first alone (idle), then a second slot is free: the next 4 rows fill max batch and go
+    assert [b.shape[0] for _, b in pool.batches] == [1, 4]
+    pool.release(2)
+    await asyncio.gather(*tasks)
+    await batcher.close()
+
+
+async def test_partial_batch_waits_for_the_deadline_while_another_runs() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=2, initial_overhead_ms=0.0)
+    v = make_variant(max_batch=8)
+    p = make_profile(v)
+    t0 = timer.now_s()
+    running = asyncio.create_task(batcher.submit(v, p, rows(0.0), t0 + 10.0))
+    await settle()
+    waiting = asyncio.create_task(batcher.submit(v, p, rows(1.0, 2.0), t0 + 0.050))
+    await settle()
+    assert len(pool.batches) == 1
+    # the 2-row batch needs 2.57 ms (profile interpolation): it must go by t0 + 47.43 ms
+    timer.advance(0.047)
+    await settle()
+    assert len(pool.batches) == 1
+    timer.advance(0.001)
+    await settle()
+    assert len(pool.batches) == 2 and pool.batches[1][1].shape[0] == 2
+    pool.release(2)
+    await asyncio.gather(running, waiting)
+    await batcher.close()
+
+
+async def test_a_failed_batch_fails_each_of_its_requests() -> None:
+    pool = RecordingPool(gated=True)
+    batcher = AsyncBatcher(pool, timer=ManualTimer(), max_in_flight=1)
+    v = make_variant()
+    p = make_profile(v)
+    first = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+    await settle()
+    others = [asyncio.create_task(batcher.submit(v, p, rows(2.0), 1e9)) for _ in range(2)]
+    await settle()
+    pool.fail_next = Unavailable("worker lost")
+    pool.release()
+    with pytest.raises(Unavailable):
+        await first
+    pool.release()
+    assert [r.batch_requests for r in await asyncio.gather(*others)] == [2, 2]  # the next batch runs
+    await batcher.close()
+
+
+async def test_batching_off_sends_every_request_alone() -> None:
+    pool = RecordingPool()
+    batcher = AsyncBatcher(pool, timer=ManualTimer(), batching=False)
+    v = make_variant()
+    p = make_profile(v)
+    await asyncio.gather(*(batcher.submit(v, p, rows(float(i)), 1e9) for i in range(6)))
+    assert [b.shape[0] for _, b in pool.batches] == [1] * 6
+    await batcher.close()
+
+
+async def test_per_variant_parameters() -> None:
+    pool = RecordingPool(gated=True)
+    batcher = AsyncBatcher(pool, timer=ManualTimer(), max_in_flight=1)
+    v = make_variant(max_batch=8)
+    batcher.set_params(v.name, BatchParams(max_batch=2, max_in_flight=1))
+    p = make_profile(v)
+    tasks = [asyncio.create_task(batcher.submit(v, p, rows(float(i)), 1e9)) for i in range(5)]
+    await settle()
+    for _ in range(3):
+        pool.release()
+        await settle()
+    assert [b.shape[0] for _, b in pool.batches] == [1, 2, 2]
+    assert batcher.params(v.name) == BatchParams(max_batch=2, max_in_flight=1)
+    await asyncio.gather(*tasks)
+    await batcher.close()
+
+
+async def test_close_answers_queued_requests_and_refuses_new_ones() -> None:
+    pool = RecordingPool(gated=True)
+    batcher = AsyncBatcher(pool, timer=ManualTimer(), max_in_flight=1)
+    v = make_variant()
+    p = make_profile(v)
+    running = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+    await settle()
+    queued = asyncio.create_task(batcher.submit(v, p, rows(2.0), 1e9))
+    await settle()
+    closing = asyncio.create_task(batcher.close())
+    await settle()
+    with pytest.raises(Unavailable):
+        await queued
+    pool.release()
+    await closing
+    assert (await running).batch_rows == 1
+    with pytest.raises(Unavailable):
+        await batcher.submit(v, p, rows(3.0), 1e9)
+
+
+async def test_a_cancelled_request_is_dropped_from_its_batch() -> None:
+    pool = RecordingPool(gated=True)
+    batcher = AsyncBatcher(pool, timer=ManualTimer(), max_in_flight=1)
+    v = make_variant()
+    p = make_profile(v)
+    first = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+    await settle()
+    gone = asyncio.create_task(batcher.submit(v, p, rows(2.0), 1e9))
+    kept = asyncio.create_task(batcher.submit(v, p, rows(3.0), 1e9))
+    await settle()
+    gone.cancel()
+    pool.release(2)
+    await first
+    assert (await kept).batch_requests == 1
+    assert pool.batches[1][1][:, 0].tolist() == [3.0]
+    await batcher.close()
