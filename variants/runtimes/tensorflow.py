@@ -8,6 +8,7 @@ reports what the process really uses. CPU variants are pinned to the CPU even wh
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,10 @@ def configure_threads(threads: int) -> int:
     """Set TF's intra-op threads (inter-op 1) if TF has not started yet; returns the threads in use."""
     import tensorflow as tf
 
-    try:
+    # RuntimeError: already initialised by an earlier variant in this process; its setting stays.
+    with contextlib.suppress(RuntimeError):
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-    except RuntimeError:
-        # Already initialised by an earlier variant in this process: its setting stays.
-        pass
     current = int(tf.config.threading.get_intra_op_parallelism_threads())
     return current or threads
 

@@ -1,0 +1,18 @@
+"""fp16 for GPU variants: weights and activations in half precision, inputs and outputs kept fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from variants.converters.onnx_utils import save_onnx
+
+__all__ = ["to_fp16"]
+
+
+def to_fp16(fp32_path: Path, out_path: Path) -> Path:
+    """Convert an fp32 ONNX model to fp16, keeping float32 I/O so callers need not change."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(fp32_path)), keep_io_types=True)
+    return save_onnx(model, out_path)
