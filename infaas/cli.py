@@ -58,5 +58,41 @@ def admin_key() -> None:
     typer.echo(ensure_admin_key(load_settings()))
 
 
+@app.command("profile")
+def profile(
+    architecture: str = typer.Argument(..., help="Architecture to (re-)profile."),
+    variant: str | None = typer.Option(None, "--variant", help="Only this variant (e.g. onnx-cpu-int8-t1)."),
+    force: bool = typer.Option(False, "--force", help="Re-measure even variants with a profile from here."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer, shorter windows: rough numbers, fast."),
+) -> None:
+    """Measure an architecture's variants on this machine, one worker process each, and print them."""
+    from infaas.errors import InfaasError
+    from infaas.store import open_store
+    from profiler.process import ProcessProfiler
+    from profiler.report import RichProgress, profile_table
+
+    settings = load_settings()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow in the workers, not read by infaas
+    store = open_store(settings)
+    try:
+        with RichProgress(console, total=0) as bar:
+            profiler = ProcessProfiler(settings, store, quick=quick, progress=bar)
+            fresh, kept = profiler.profile_architecture(architecture, variant=variant, force=force)
+        console.print(profile_table([*fresh, *kept], profiler.machine, title=f"profiles of {architecture}"))
+        console.print(
+            f"measured {len(fresh)} variant(s), kept {len(kept)} existing profile(s) from this machine"
+            + ("" if force or not kept else " (--force re-measures them)")
+        )
+        failed = [p for p in fresh if p.status != "ok"]
+        if failed:
+            console.print(f"[red]{len(failed)} failed[/]; the reasons are in the table above")
+            raise typer.Exit(1)
+    except InfaasError as exc:
+        console.print(f"[red]error:[/] {exc.message}")
+        raise typer.Exit(1) from exc
+    finally:
+        store.close()
+
+
 def main() -> None:
     app()

@@ -166,3 +166,31 @@ def test_bad_validation_path_fails_the_variant_with_the_reason(setup: Setup, tmp
     profiler = ProcessProfiler(setup.settings, MemoryStore(), quick=True)
     [profile] = profiler.profile_variants([setup.onnx_variant], task)
     assert profile.status == "failed" and profile.error is not None and "missing.npz" in profile.error
+
+
+def test_cli_profile_prints_a_table_and_stores_profiles(setup: Setup) -> None:
+    from typer.testing import CliRunner
+
+    from infaas.cli import app
+    from infaas.store import open_store
+
+    store = open_store(setup.settings)
+    try:
+        store.register_architecture(setup.arch, [setup.onnx_variant], [], task=setup.task)
+    finally:
+        store.close()
+    env = {"INFAAS_DATA_DIR": str(setup.settings.data_dir), "COLUMNS": "250"}
+    runner = CliRunner()
+    result = runner.invoke(app, ["profile", "digits-lr", "--quick"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "digits-lr/onnx-cpu-fp32-t1" in result.output and "measured 1 variant" in result.output
+    again = runner.invoke(app, ["profile", "digits-lr", "--quick"], env=env)
+    assert again.exit_code == 0 and "kept 1 existing" in again.output
+    missing = runner.invoke(app, ["profile", "nope"], env=env)
+    assert missing.exit_code == 1 and "infaas models" in missing.output
+    store = open_store(setup.settings)
+    try:
+        profile = store.get_profile(setup.onnx_variant.name)
+    finally:
+        store.close()
+    assert profile is not None and profile.status == "ok"
