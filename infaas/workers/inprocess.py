@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from infaas.errors import Unavailable
 from infaas.types import FleetEvent, Variant, WorkerInfo
+from infaas.workers.residency import EventLog, Residency
 from variants.runtimes.base import LoadedModel
 
 __all__ = ["EchoModel", "InProcessPool", "RecordingPool", "echo_outputs"]
@@ -69,21 +69,6 @@ class EchoModel:
         self.closed = True
 
 
-class _EventLog:
-    def __init__(self, maxlen: int = 500) -> None:
-        self._events: deque[FleetEvent] = deque(maxlen=maxlen)
-
-    def add(self, kind: str, variant: str, worker_id: str | None, reason: str) -> FleetEvent:
-        event = FleetEvent.model_validate(
-            {"at_s": time.time(), "kind": kind, "variant": variant, "worker_id": worker_id, "reason": reason}
-        )
-        self._events.append(event)
-        return event
-
-    def recent(self, limit: int) -> list[FleetEvent]:
-        return list(self._events)[-limit:] if limit > 0 else []
-
-
 class InProcessPool:
     """One in-process "worker" holding variants under `memory_budget_mb`, LRU-evicted.
 
@@ -104,8 +89,8 @@ class InProcessPool:
             loader = _artifact_loader(artifacts_dir)
         self._loader = loader
         self._budget_mb = memory_budget_mb
-        self._models: OrderedDict[str, tuple[LoadedModel, float]] = OrderedDict()
-        self._events = _EventLog()
+        self._models: Residency[LoadedModel] = Residency(memory_budget_mb)
+        self._events = EventLog()
         self._locks: dict[str, asyncio.Lock] = {}
         self._running = 0
         self._closed = False
@@ -113,8 +98,9 @@ class InProcessPool:
     async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
         if self._closed:
             raise Unavailable("the worker pool is closed")
-        model = await self._load(variant, reason="on demand: first request")
-        self._models.move_to_end(variant.name)
+        model = self._models.get(variant.name)
+        if model is None:
+            model = await self._load(variant, reason="on demand: not loaded")
         self._running += 1
         try:
             return model.predict(batch)
@@ -130,23 +116,23 @@ class InProcessPool:
         return WORKER_ID
 
     async def unload(self, variant: str, worker_id: str | None = None) -> None:
-        entry = self._models.pop(variant, None)
-        if entry is not None:
-            entry[0].close()
+        model = self._models.pop(variant)
+        if model is not None:
+            model.close()
             self._events.add("unload", variant, WORKER_ID, "unload requested")
 
     def replicas(self, variant: str) -> int:
         return 1 if variant in self._models else 0
 
     async def _load(self, variant: Variant, reason: str) -> LoadedModel:
-        entry = self._models.get(variant.name)
-        if entry is not None:
-            return entry[0]
+        model = self._models.get(variant.name)
+        if model is not None:
+            return model
         lock = self._locks.setdefault(variant.name, asyncio.Lock())
         async with lock:
-            entry = self._models.get(variant.name)
-            if entry is not None:
-                return entry[0]
+            model = self._models.get(variant.name)
+            if model is not None:
+                return model
             before_mb = _rss_mb()
             started_s = time.perf_counter()
             try:
@@ -155,28 +141,20 @@ class InProcessPool:
                 raise Unavailable(f"could not load {variant.name}: {exc}", variant=variant.name) from exc
             load_s = time.perf_counter() - started_s
             memory_mb = max(_rss_mb() - before_mb, float(getattr(model, "memory_mb", 0.0)), 0.0)
-            self._models[variant.name] = (model, memory_mb)
+            evicted = self._models.add(variant.name, model, memory_mb)
             self._events.add(
                 "load", variant.name, WORKER_ID, f"{reason}; {load_s * 1000:.0f} ms, {memory_mb:.1f} MB"
             )
-            self._evict_over_budget(keep=variant.name)
+            for name, old in evicted:
+                old.close()
+                self._events.add(
+                    "evict",
+                    name,
+                    WORKER_ID,
+                    f"least recently used; over the {self._budget_mb:.0f} MB budget "
+                    f"after loading {variant.name}",
+                )
             return model
-
-    def _evict_over_budget(self, keep: str) -> None:
-        while self._used_mb() > self._budget_mb and len(self._models) > 1:
-            victim = next(name for name in self._models if name != keep)
-            model, memory_mb = self._models.pop(victim)
-            model.close()
-            self._events.add(
-                "evict",
-                victim,
-                WORKER_ID,
-                f"least recently used; {self._used_mb() + memory_mb:.1f} MB over the "
-                f"{self._budget_mb:.0f} MB budget after loading {keep}",
-            )
-
-    def _used_mb(self) -> float:
-        return sum(memory_mb for _, memory_mb in self._models.values())
 
     def is_loaded(self, variant: str) -> bool:
         return variant in self._models
@@ -187,8 +165,8 @@ class InProcessPool:
                 worker_id=WORKER_ID,
                 family="inprocess",
                 alive=not self._closed,
-                loaded=tuple(self._models),
-                memory_used_mb=self._used_mb(),
+                loaded=tuple(self._models.names),
+                memory_used_mb=self._models.used_mb,
                 memory_budget_mb=self._budget_mb,
                 queue_depth=self._running,
             )
@@ -199,9 +177,8 @@ class InProcessPool:
 
     async def close(self) -> None:
         self._closed = True
-        for model, _ in self._models.values():
+        for model in self._models.clear():
             model.close()
-        self._models.clear()
 
 
 def _artifact_loader(artifacts_dir: Path) -> Callable[[Variant], LoadedModel]:

@@ -1,0 +1,558 @@
+"""The production `WorkerPool`: Ray actors that each host several variants of one runtime family.
+
+Layout
+    A worker is one Ray actor process hosting variants of one family: ONNX Runtime, scikit-learn,
+    or TensorFlow (importing TF costs ~530 MB per process, so it never shares a process with the
+    others, and TF's thread pools are fixed per process at its first op, so TF workers are further
+    split by thread count). Each variant runs with its own explicit thread count.
+
+Placement
+    The front end keeps the placement table (which worker holds which variant, least recently used
+    first, and each worker's memory); workers only report back. A variant is loaded on demand by the
+    first batch that needs it, on the worker of its family with room for it (a new worker while the
+    family has fewer than `max_workers_per_family`), and `replicate` loads it on one more worker.
+
+Memory
+    Each worker keeps its process baseline (runtime import) plus its variants, measured as RSS
+    growth while loading, under `memory_budget_mb`, evicting the least recently used variant when a
+    load would exceed it (`infaas.workers.residency`).
+
+Artifacts
+    Travel through Ray's object store, not a shared filesystem: the front end reads a variant's
+    artifact (a file, or a SavedModel directory as a tar) once, `ray.put`s the bytes, and the actor
+    writes them into its own cache directory before `variants.runtimes.load_variant`.
+
+Failures
+    Actors restart after a crash (`max_restarts`) with nothing loaded. A batch lost with its worker
+    (or a worker that forgot the variant by restarting) is retried once, on another replica or by
+    loading the variant again elsewhere; a second loss raises `Unavailable` with the reason. Every
+    load, eviction, replication, crash and retry is recorded as a `FleetEvent`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infaas.errors import InfaasError, Unavailable, VariantNotFound
+from infaas.settings import Settings
+from infaas.types import FleetEvent, Variant, WorkerInfo
+from infaas.workers.residency import EventLog, Residency
+
+__all__ = ["RayPool", "WorkerHost", "init_ray", "worker_group"]
+
+_MB = 1024.0 * 1024.0
+
+
+def worker_group(variant: Variant) -> tuple[str, str]:
+    """(group key, family) of the workers that may host `variant`."""
+    runtime = variant.spec.runtime
+    if runtime == "tensorflow":
+        return f"tensorflow-t{variant.spec.threads}", "tensorflow"
+    if runtime == "tensorrt":
+        return "tensorrt", "tensorrt"
+    return runtime, runtime
+
+
+def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
+    """Connect to `settings.ray_address`, or start a lean local Ray; True when this call started it.
+
+    Lean: no dashboard, no pre-started worker processes, and workers at normal priority (Ray runs
+    them at nice 15 by default, which starves them next to the front end). Ray ≥ 2.60 enables token
+    authentication: a local instance writes its own token; to join a cluster, this machine needs the
+    cluster's token (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN``, read by Ray itself)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if settings.ray_address:
+        ray.init(address=settings.ray_address, configure_logging=False, log_to_driver=False)
+        return True
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        num_cpus=num_cpus or os.cpu_count() or 1,
+        configure_logging=False,
+        log_to_driver=False,
+        _system_config={
+            "worker_niceness": 0,
+            "enable_worker_prestart": False,
+            "prestart_worker_first_driver": False,
+        },
+    )
+    return True
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / _MB
+
+
+def _import_runtime(family: str) -> None:
+    """Import the family's framework up front, so the process baseline includes it and a variant's
+    measured memory is its own."""
+    if family == "tensorflow":
+        import tensorflow  # noqa: F401
+    elif family == "sklearn":
+        import sklearn  # noqa: F401
+    else:
+        import onnxruntime  # noqa: F401
+
+
+def _pack_artifact(path: Path) -> tuple[bytes, bool]:
+    """Bytes of a file artifact, or an uncompressed tar of a directory artifact (SavedModel)."""
+    if path.is_dir():
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(path), arcname=".")
+        return buf.getvalue(), True
+    return path.read_bytes(), False
+
+
+class WorkerHost:
+    """The body of one worker actor (wrapped by `ray.remote` in `RayPool`)."""
+
+    def __init__(self, worker_id: str, family: str, memory_budget_mb: float) -> None:
+        self._worker_id = worker_id
+        # A restarted actor runs __init__ again: start from an empty cache, nothing loaded.
+        self._cache = Path(tempfile.gettempdir()) / f"infaas-worker-{worker_id}"
+        shutil.rmtree(self._cache, ignore_errors=True)
+        self._cache.mkdir(parents=True)
+        _import_runtime(family)
+        self._residency: Residency[Any] = Residency(memory_budget_mb, baseline_mb=_rss_mb())
+        self._roots: dict[str, Path] = {}
+
+    def describe(self) -> dict[str, Any]:
+        r = self._residency
+        return {
+            "pid": os.getpid(),
+            "loaded": [(name, r.memory_mb(name)) for name in r.names],
+            "used_mb": r.used_mb,
+            "baseline_mb": r.baseline_mb,
+        }
+
+    def load(self, variant_json: str, artifact: bytes, is_dir: bool, expected_mb: float) -> dict[str, Any]:
+        from variants.runtimes import load_variant
+
+        variant = Variant.model_validate_json(variant_json)
+        evicted: list[str] = []
+        load_s = 0.0
+        memory_mb = self._residency.memory_mb(variant.name)
+        if variant.name not in self._residency:
+            evicted += self._drop(self._residency.make_room(max(expected_mb, len(artifact) / _MB)))
+            root = self._cache / variant.sha256
+            target = root / variant.artifact
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if is_dir:
+                target.mkdir(exist_ok=True)
+                with tarfile.open(fileobj=io.BytesIO(artifact), mode="r") as tar:
+                    tar.extractall(target, filter="data")
+            else:
+                target.write_bytes(artifact)
+            before_mb = _rss_mb()
+            started_s = time.perf_counter()
+            model = load_variant(variant, root)
+            load_s = time.perf_counter() - started_s
+            memory_mb = max(_rss_mb() - before_mb, len(artifact) / _MB)
+            self._roots[variant.name] = root
+            evicted += self._drop(self._residency.add(variant.name, model, memory_mb))
+        return {**self.describe(), "evicted": evicted, "load_s": load_s, "memory_mb": memory_mb}
+
+    def _drop(self, evicted: list[tuple[str, Any]]) -> list[str]:
+        for name, model in evicted:
+            model.close()
+            root = self._roots.pop(name, None)
+            if root is not None and root not in self._roots.values():
+                shutil.rmtree(root, ignore_errors=True)
+        return [name for name, _ in evicted]
+
+    def run(self, variant: str, batch: np.ndarray) -> np.ndarray | None:
+        """The batch's outputs; None when this worker does not hold `variant` (e.g. it restarted)."""
+        model = self._residency.get(variant)
+        if model is None:
+            return None
+        out: np.ndarray = model.predict(batch)
+        return out
+
+    def unload(self, variant: str) -> dict[str, Any]:
+        model = self._residency.pop(variant)
+        if model is not None:
+            self._drop([(variant, model)])
+        return self.describe()
+
+
+@dataclass(eq=False)
+class _Worker:
+    worker_id: str
+    group: str
+    family: str
+    handle: Any
+    loaded: OrderedDict[str, float] = field(default_factory=OrderedDict)  # LRU first → memory MB
+    used_mb: float = 0.0
+    in_flight: int = 0
+    alive: bool = True
+    incarnation: int = 0
+    pid: int | None = None
+
+    def mirror(self, described: dict[str, Any]) -> None:
+        self.loaded = OrderedDict((name, float(mb)) for name, mb in described["loaded"])
+        self.used_mb = float(described["used_mb"])
+        self.pid = int(described["pid"])
+
+
+class _WorkerLost(Exception):
+    def __init__(self, worker: _Worker, reason: str) -> None:
+        super().__init__(reason)
+        self.worker = worker
+        self.reason = reason
+
+
+class RayPool:
+    """`WorkerPool` over Ray actors; see the module docstring. Starts (or joins) Ray on creation
+    unless Ray is already initialised, and shuts down what it started on `close`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        memory_budget_mb: float | None = None,
+        max_workers_per_family: int = 2,
+        max_restarts: int = 3,
+        worker_num_cpus: float = 0.0,
+        num_cpus: int | None = None,
+        artifacts_dir: Path | None = None,
+    ) -> None:
+        import ray
+
+        self._artifacts_dir = artifacts_dir or settings.artifacts_dir
+        self._budget_mb = memory_budget_mb or settings.worker_memory_budget_mb
+        self._max_workers = max_workers_per_family
+        self._owns_ray = init_ray(settings, num_cpus=num_cpus)
+        # Threads are explicit per variant, so the actors reserve no logical CPU (0 by default)
+        # and spread over the cluster's nodes; a crashed actor restarts, its tasks are not retried
+        # by Ray (the pool decides where a lost batch goes).
+        self._actor_cls = ray.remote(
+            num_cpus=worker_num_cpus,
+            max_restarts=max_restarts,
+            max_task_retries=0,
+            scheduling_strategy="SPREAD",
+        )(WorkerHost)
+        self._workers: dict[str, _Worker] = {}
+        self._ids = itertools.count()
+        self._events = EventLog()
+        self._artifacts: dict[str, tuple[Any, bool]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._memory_seen_mb: dict[str, float] = {}
+        self._restarts: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # ---- the WorkerPool protocol ------------------------------------------------------------
+
+    async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
+        """Run `batch` on the least busy replica, loading `variant` first when none holds it; a
+        batch lost with its worker is retried once elsewhere, then `Unavailable`."""
+        self._check_open()
+        avoid: set[str] = set()
+        first_reason: str | None = None
+        while True:
+            try:
+                return await self._run_once(variant, batch, avoid)
+            except _WorkerLost as lost:
+                if first_reason is not None:
+                    raise Unavailable(
+                        f"{variant.name}: the batch was lost twice ({first_reason}; then {lost.reason}); "
+                        "retry the request",
+                        variant=variant.name,
+                        reason=lost.reason,
+                    ) from None
+                first_reason = lost.reason
+                avoid.add(lost.worker.worker_id)
+                self._events.add(
+                    "retry", variant.name, lost.worker.worker_id, f"retrying once elsewhere: {lost.reason}"
+                )
+
+    async def _run_once(self, variant: Variant, batch: np.ndarray, avoid: set[str]) -> np.ndarray:
+        worker = self._replica(variant.name, avoid)
+        if worker is None:
+            worker = await self._load_on_demand(variant, avoid)
+        incarnation = worker.incarnation
+        worker.in_flight += 1
+        try:
+            out = await self._call(worker, incarnation, worker.handle.run.remote(variant.name, batch))
+        finally:
+            worker.in_flight -= 1
+        if out is None:
+            worker.loaded.pop(variant.name, None)
+            raise _WorkerLost(worker, f"worker {worker.worker_id} no longer holds {variant.name} (restarted)")
+        if variant.name in worker.loaded:
+            worker.loaded.move_to_end(variant.name)
+        result: np.ndarray = out
+        return result
+
+    async def ensure_loaded(self, variant: Variant) -> None:
+        self._check_open()
+        if self._replica(variant.name, set()) is None:
+            try:
+                await self._load_on_demand(variant, set())
+            except _WorkerLost as lost:
+                raise Unavailable(
+                    f"could not load {variant.name}: {lost.reason}", variant=variant.name
+                ) from None
+
+    async def replicate(self, variant: Variant) -> str:
+        self._check_open()
+        group, family = worker_group(variant)
+        async with self._lock(variant.name):
+            holders = [w for w in self._group(group) if variant.name in w.loaded]
+            worker = self._choose_worker(group, family, variant.name, {w.worker_id for w in holders})
+            if worker is None or variant.name in worker.loaded:
+                raise Unavailable(
+                    f"cannot replicate {variant.name}: all {len(self._group(group))} {family} workers "
+                    f"(max {self._max_workers}) already hold it",
+                    variant=variant.name,
+                )
+            try:
+                await self._load_on(worker, variant, "replicate", f"replica #{len(holders) + 1}")
+            except _WorkerLost as lost:
+                raise Unavailable(
+                    f"could not replicate {variant.name}: {lost.reason}", variant=variant.name
+                ) from None
+            return worker.worker_id
+
+    async def unload(self, variant: str, worker_id: str | None = None) -> None:
+        for worker in list(self._workers.values()):
+            if variant not in worker.loaded or (worker_id is not None and worker.worker_id != worker_id):
+                continue
+            try:
+                described = await self._call(worker, worker.incarnation, worker.handle.unload.remote(variant))
+            except _WorkerLost:
+                continue
+            worker.mirror(described)
+            self._events.add("unload", variant, worker.worker_id, "unload requested")
+
+    def is_loaded(self, variant: str) -> bool:
+        return self.replicas(variant) > 0
+
+    def replicas(self, variant: str) -> int:
+        return sum(1 for w in self._workers.values() if w.alive and variant in w.loaded)
+
+    def placement(self) -> dict[str, list[str]]:
+        """Variant name → ids of the workers holding it."""
+        table: dict[str, list[str]] = {}
+        for worker in self._workers.values():
+            for name in worker.loaded:
+                table.setdefault(name, []).append(worker.worker_id)
+        return table
+
+    def fleet(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                worker_id=w.worker_id,
+                family=w.family,
+                alive=w.alive,
+                loaded=tuple(w.loaded),
+                memory_used_mb=w.used_mb,
+                memory_budget_mb=self._budget_mb,
+                queue_depth=w.in_flight,
+            )
+            for w in self._workers.values()
+        ]
+
+    def events(self, limit: int = 50) -> list[FleetEvent]:
+        return self._events.recent(limit)
+
+    def worker_pid(self, worker_id: str) -> int | None:
+        """The OS process id of a worker (for operators and crash tests)."""
+        worker = self._workers.get(worker_id)
+        return worker.pid if worker is not None else None
+
+    def worker_handle(self, worker_id: str) -> Any:
+        return self._workers[worker_id].handle
+
+    async def close(self) -> None:
+        """Kill the worker actors, and shut Ray down if this pool started it."""
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        for worker in self._workers.values():
+            try:
+                ray.kill(worker.handle, no_restart=True)
+            except Exception as exc:  # an actor already gone is what we wanted
+                self._events.add("unload", "*", worker.worker_id, f"kill at shutdown failed: {exc}")
+        self._workers.clear()
+        self._artifacts.clear()
+        if self._owns_ray:
+            ray.shutdown()
+
+    # ---- placement and loading --------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the worker pool is shut down")
+
+    def _lock(self, variant: str) -> asyncio.Lock:
+        return self._locks.setdefault(variant, asyncio.Lock())
+
+    def _group(self, group: str) -> list[_Worker]:
+        return [w for w in self._workers.values() if w.group == group]
+
+    def _replica(self, variant: str, avoid: set[str]) -> _Worker | None:
+        holders = [
+            w for w in self._workers.values() if w.alive and variant in w.loaded and w.worker_id not in avoid
+        ]
+        return min(holders, key=lambda w: w.in_flight) if holders else None
+
+    def _choose_worker(self, group: str, family: str, variant: str, avoid: set[str]) -> _Worker | None:
+        """Where a new copy of `variant` goes: a live worker of its group with room (fewest variants
+        first), else a new worker while the group is under its cap, else the least loaded worker
+        (which evicts), else — only for a retry — a worker we would rather avoid. None: no place."""
+        members = self._group(group)
+        expected_mb = self._memory_seen_mb.get(variant, 0.0)
+        free = [w for w in members if w.alive and variant not in w.loaded and w.worker_id not in avoid]
+        roomy = [w for w in free if w.used_mb + expected_mb <= self._budget_mb]
+        if roomy:
+            return min(roomy, key=lambda w: (len(w.loaded), w.in_flight))
+        if len(members) < self._max_workers:
+            return self._spawn(group, family)
+        if free:
+            return min(free, key=lambda w: (w.used_mb, w.in_flight))
+        fallback = [w for w in members if variant not in w.loaded]
+        return min(fallback, key=lambda w: w.in_flight) if fallback else None
+
+    def _spawn(self, group: str, family: str) -> _Worker:
+        worker_id = f"{group}-{next(self._ids)}"
+        handle = self._actor_cls.remote(worker_id, family, self._budget_mb)
+        worker = _Worker(worker_id=worker_id, group=group, family=family, handle=handle)
+        self._workers[worker_id] = worker
+        return worker
+
+    async def _load_on_demand(self, variant: Variant, avoid: set[str]) -> _Worker:
+        group, family = worker_group(variant)
+        async with self._lock(variant.name):
+            worker = self._replica(variant.name, avoid)
+            if worker is not None:
+                return worker  # loaded by a concurrent request while this one waited
+            worker = self._choose_worker(group, family, variant.name, avoid)
+            if worker is None:
+                raise Unavailable(f"no {family} worker can host {variant.name}", variant=variant.name)
+            reason = "on demand: no replica" + (" after a worker loss" if avoid else "")
+            await self._load_on(worker, variant, "load", reason)
+            return worker
+
+    async def _load_on(self, worker: _Worker, variant: Variant, kind: str, reason: str) -> None:
+        artifact_ref, is_dir = await self._artifact(variant)
+        expected_mb = self._memory_seen_mb.get(variant.name, 0.0)
+        incarnation = worker.incarnation
+        worker.in_flight += 1
+        try:
+            described = await self._call(
+                worker,
+                incarnation,
+                worker.handle.load.remote(variant.model_dump_json(), artifact_ref, is_dir, expected_mb),
+            )
+        finally:
+            worker.in_flight -= 1
+        worker.mirror(described)
+        self._memory_seen_mb[variant.name] = float(described["memory_mb"])
+        for name in described["evicted"]:
+            self._events.add(
+                "evict",
+                name,
+                worker.worker_id,
+                f"least recently used: {worker.worker_id} over its {self._budget_mb:.0f} MB budget "
+                f"to fit {variant.name}",
+            )
+        self._events.add(
+            kind,
+            variant.name,
+            worker.worker_id,
+            f"{reason}; loaded in {described['load_s'] * 1000:.0f} ms, {described['memory_mb']:.1f} MB, "
+            f"worker at {described['used_mb']:.0f}/{self._budget_mb:.0f} MB",
+        )
+
+    async def _artifact(self, variant: Variant) -> tuple[Any, bool]:
+        """The artifact in Ray's object store (put once per content hash and path)."""
+        key = f"{variant.sha256}:{variant.artifact}"
+        cached = self._artifacts.get(key)
+        if cached is not None:
+            return cached
+        path = self._artifacts_dir / variant.artifact
+        if not path.exists():
+            raise VariantNotFound(
+                f"artifact of {variant.name} is missing at {path}; re-register the architecture",
+                variant=variant.name,
+            )
+        import ray
+
+        data, is_dir = await asyncio.to_thread(_pack_artifact, path)
+        entry = (ray.put(data), is_dir)
+        self._artifacts[key] = entry
+        return entry
+
+    # ---- failures ---------------------------------------------------------------------------
+
+    async def _call(self, worker: _Worker, incarnation: int, ref: Any) -> Any:
+        """Await an actor call; a dead or restarting worker becomes `_WorkerLost`, an error raised
+        inside the worker becomes that error (infaas errors) or `Unavailable`."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        try:
+            result = await ref
+        except RayActorError as exc:
+            raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
+        except RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, Exception) else exc
+            if isinstance(cause, InfaasError):
+                raise cause from None
+            raise Unavailable(
+                f"worker {worker.worker_id} failed: {type(cause).__name__}: {cause}", worker=worker.worker_id
+            ) from None
+        if not worker.alive and worker.incarnation == incarnation:
+            worker.alive = True
+        return result
+
+    def _worker_lost(self, worker: _Worker, incarnation: int, exc: Exception) -> str:
+        reason = f"worker {worker.worker_id} died: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        if worker.incarnation == incarnation:
+            # First report of this death: it restarts (max_restarts) with nothing loaded.
+            worker.incarnation += 1
+            worker.alive = False
+            lost = list(worker.loaded)
+            worker.loaded.clear()
+            self._events.add("crash", ",".join(lost) or "-", worker.worker_id, reason)
+            task = asyncio.get_running_loop().create_task(self._await_restart(worker, worker.incarnation))
+            self._restarts.add(task)
+            task.add_done_callback(self._restarts.discard)
+        return reason
+
+    async def _await_restart(self, worker: _Worker, incarnation: int) -> None:
+        """Mark a crashed worker alive once its actor answers again, or drop it when Ray gave up."""
+        from ray.exceptions import RayActorError
+
+        try:
+            described = await worker.handle.describe.remote()
+        except RayActorError as exc:
+            if worker.incarnation == incarnation and not self._closed:
+                self._workers.pop(worker.worker_id, None)
+                self._events.add(
+                    "crash", "-", worker.worker_id, f"worker gone for good: {exc}".splitlines()[0]
+                )
+            return
+        if worker.incarnation == incarnation:
+            worker.alive = True
+            worker.mirror(described)
