@@ -1,0 +1,231 @@
+"""The Ray worker pool with real Ray actors and real ONNX Runtime / scikit-learn variants.
+
+One local Ray instance for the module; each test builds its own pool (its own actors) on it.
+The variants are small logistic regressions on scikit-learn's digits, built here with skl2onnx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infaas.batching import AsyncBatcher
+from infaas.errors import Unavailable
+from infaas.settings import Settings
+from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, RuntimeName, Variant, VariantSpec
+from infaas.workers.ray_pool import RayPool, init_ray
+from variants.runtimes import load_variant
+
+pytestmark = [pytest.mark.ray, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _write_variant(root: Path, arch: str, runtime: RuntimeName, data: bytes, filename: str) -> Variant:
+    rel = f"{arch}/{filename}"
+    (root / arch).mkdir(parents=True, exist_ok=True)
+    (root / rel).write_bytes(data)
+    return Variant(
+        spec=VariantSpec(architecture=arch, runtime=runtime, threads=1, max_batch=64),
+        artifact=rel,
+        sha256=hashlib.sha256(data).hexdigest(),
+        parity=Parity(top1_agreement=1.0, max_abs_diff=0.0, samples=1),
+    )
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Variant], np.ndarray]:
+    """Three ONNX logistic regressions and one scikit-learn one, and validation rows."""
+    import io
+
+    import joblib
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    root = tmp_path_factory.mktemp("artifacts")
+    variants: dict[str, Variant] = {}
+    for arch, c in (("lr-a", 0.1), ("lr-b", 1.0), ("lr-c", 10.0)):
+        model = LogisticRegression(C=c, max_iter=300).fit(x[:1200], y[:1200])
+        onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=17)
+        variants[arch] = _write_variant(root, arch, "onnxruntime", onx.SerializeToString(), "model.onnx")
+    buf = io.BytesIO()
+    joblib.dump(LogisticRegression(max_iter=300).fit(x[:1200], y[:1200]), buf)
+    variants["sk"] = _write_variant(root, "lr-sk", "sklearn", buf.getvalue(), "model.joblib")
+    return root, variants, x[1200:]
+
+
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    import ray
+
+    settings = Settings(data_dir=tmp_path_factory.mktemp("data"))
+    started = init_ray(settings, num_cpus=2)
+    yield settings
+    if started:
+        ray.shutdown()
+
+
+def expected(root: Path, variant: Variant, rows: np.ndarray) -> np.ndarray:
+    model = load_variant(variant, root)
+    try:
+        return model.predict(rows)
+    finally:
+        model.close()
+
+
+async def test_loads_on_demand_and_matches_the_in_process_runtime(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    root, variants, rows = zoo
+    pool = RayPool(ray_session, artifacts_dir=root)
+    try:
+        a, sk = variants["lr-a"], variants["sk"]
+        assert not pool.is_loaded(a.name)
+        out = await pool.run(a, rows[:16])
+        np.testing.assert_allclose(out, expected(root, a, rows[:16]), rtol=1e-5, atol=1e-6)
+        out_sk = await pool.run(sk, rows[:5])
+        np.testing.assert_allclose(out_sk, expected(root, sk, rows[:5]), rtol=1e-5, atol=1e-6)
+        fleet = {w.family: w for w in pool.fleet()}
+        assert fleet["onnxruntime"].loaded == (a.name,) and fleet["sklearn"].loaded == (sk.name,)
+        assert all(w.alive and w.memory_used_mb > 0 for w in fleet.values())
+        assert [(e.kind, e.variant) for e in pool.events()] == [("load", a.name), ("load", sk.name)]
+        # a second variant of the family shares the worker that has room
+        await pool.run(variants["lr-b"], rows[:3])
+        assert pool.placement() == {a.name: ["onnxruntime-0"], sk.name: ["sklearn-1"],
+                                    variants["lr-b"].name: ["onnxruntime-0"]}  # fmt: skip
+    finally:
+        await pool.close()
+
+
+async def test_evicts_least_recently_used_under_a_small_budget(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    root, variants, rows = zoo
+    a, b = variants["lr-a"], variants["lr-b"]
+    # 1 MB is below any worker's baseline: every load evicts whatever else the worker holds
+    pool = RayPool(ray_session, artifacts_dir=root, memory_budget_mb=1.0, max_workers_per_family=1)
+    try:
+        await pool.run(a, rows[:2])
+        out = await pool.run(b, rows[:4])
+        np.testing.assert_allclose(out, expected(root, b, rows[:4]), rtol=1e-5, atol=1e-6)
+        assert pool.fleet()[0].loaded == (b.name,) and not pool.is_loaded(a.name)
+        await pool.run(a, rows[:2])  # reloaded on demand, evicting b
+        assert pool.fleet()[0].loaded == (a.name,)
+        kinds = [(e.kind, e.variant) for e in pool.events()]
+        assert kinds == [
+            ("load", a.name),
+            ("evict", a.name),
+            ("load", b.name),
+            ("evict", b.name),
+            ("load", a.name),
+        ]
+    finally:
+        await pool.close()
+
+
+async def test_replicates_on_another_worker(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    root, variants, rows = zoo
+    a = variants["lr-a"]
+    pool = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=2)
+    try:
+        await pool.ensure_loaded(a)
+        second = await pool.replicate(a)
+        assert pool.replicas(a.name) == 2 and len(set(pool.placement()[a.name])) == 2
+        assert second in pool.placement()[a.name]
+        with pytest.raises(Unavailable, match="already hold it"):
+            await pool.replicate(a)
+        outs = await asyncio.gather(*(pool.run(a, rows[i : i + 4]) for i in range(0, 80, 4)))
+        np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:80]), rtol=1e-5, atol=1e-6)
+        assert [e.kind for e in pool.events()] == ["load", "replicate"]
+    finally:
+        await pool.close()
+
+
+async def test_batcher_over_ray_merges_requests_and_splits_outputs(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    root, variants, rows = zoo
+    a = variants["lr-c"]
+    pool = RayPool(ray_session, artifacts_dir=root)
+    batcher = AsyncBatcher(pool, max_in_flight=1)
+    point = LatencyPoint(
+        batch=1, p50_ms=0.1, p95_ms=0.1, p99_ms=0.1, mean_ms=0.1, throughput_qps=1e4, samples=1,
+        stable=True, stop_reason="test", cost_usd_per_1k=0.0,
+    )  # fmt: skip
+    profile = Profile(
+        variant=a.name, machine=MachineInfo(cpu_model="t", cores=2), measured_at_s=0, points=(point,)
+    )
+    try:
+        await pool.ensure_loaded(a)
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(batcher.submit(a, profile, rows[i : i + 2], loop.time() + 30) for i in range(0, 100, 2))
+        )
+        np.testing.assert_allclose(
+            np.concatenate([r.outputs for r in results]), expected(root, a, rows[:100]), rtol=1e-5, atol=1e-6
+        )
+        assert max(r.batch_requests for r in results) > 1  # merged behind the running batch
+    finally:
+        await batcher.close()
+        await pool.close()
+
+
+async def test_a_worker_killed_mid_load_loses_no_request_silently(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    root, variants, rows = zoo
+    a, b = variants["lr-a"], variants["lr-b"]
+    pool = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=2)
+    try:
+        await pool.run(a, rows[:1])
+        pid = pool.worker_pid("onnxruntime-0")
+        assert pid is not None
+        # b is not loaded: its first batches trigger a load on the same worker, a's run there too
+        calls = [pool.run(b if i % 2 else a, rows[i : i + 3]) for i in range(40)]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await asyncio.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+        answered = 0
+        for i, result in enumerate(done):
+            if isinstance(result, Unavailable):
+                assert result.message and "died" in result.message  # a 503 with its reason
+                continue
+            assert isinstance(result, np.ndarray), result
+            v = b if i % 2 else a
+            np.testing.assert_allclose(result, expected(root, v, rows[i : i + 3]), rtol=1e-5, atol=1e-6)
+            answered += 1
+        assert answered > 0
+        kinds = {e.kind for e in pool.events()}
+        assert "crash" in kinds and "retry" in kinds
+        # the pool serves again afterwards
+        np.testing.assert_allclose(
+            await pool.run(b, rows[:2]), expected(root, b, rows[:2]), rtol=1e-5, atol=1e-6
+        )
+    finally:
+        await pool.close()
+
+
+async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    import ray
+
+    root, variants, rows = zoo
+    a = variants["lr-a"]
+    pool = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=2)
+    try:
+        await pool.ensure_loaded(a)
+        await pool.replicate(a)
+        first = pool.placement()[a.name][0]
+        tasks = [asyncio.ensure_future(pool.run(a, rows[i : i + 2])) for i in range(0, 40, 2)]
+        ray.kill(pool.worker_handle(first), no_restart=False)
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)  # all answered: one replica lives
+        np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:40]), rtol=1e-5, atol=1e-6)
+        events = [(e.kind, e.worker_id) for e in pool.events()]
+        assert ("crash", first) in events and ("retry", first) in events
+    finally:
+        await pool.close()
