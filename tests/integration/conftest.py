@@ -65,3 +65,22 @@ def live_server(settings: Settings) -> Iterator[LiveServer]:
     app = create_app(settings)
     for url in serve_app(app):
         yield LiveServer(url=url, app=app, admin_key=app.state.admin_key)
+
+
+@pytest.fixture(scope="session")
+def small_zoo(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """A data dir with a SQLite store holding a fast subset of the built-in zoo (`zoo.SMALL_ZOO`:
+    digits logistic regression, sklearn MLP and Keras MLP; breast-cancer logistic regression),
+    registered through the public registration path once per test session (seconds).
+
+    Shared by every test of the session: treat it as read-only, or copy the data dir first."""
+    from infaas.store import open_store
+    from variants import zoo
+
+    settings = Settings(data_dir=tmp_path_factory.mktemp("small-zoo") / "data", admin_key="admin-test-key")
+    store = open_store(settings)
+    try:
+        zoo.install(settings, store, only=zoo.SMALL_ZOO)
+    finally:
+        store.close()
+    return settings

@@ -12,7 +12,7 @@ from typing import Any
 
 from variants.converters.onnx_utils import save_onnx
 
-__all__ = ["ONNX_OPSET", "keras_to_savedmodel", "savedmodel_to_onnx"]
+__all__ = ["ONNX_OPSET", "fold_captured_constants", "keras_to_savedmodel", "savedmodel_to_onnx"]
 
 ONNX_OPSET = 17  # tf2onnx 1.17 supports opsets up to 18; 17 is what ORT's quantizer knows best
 
@@ -43,4 +43,27 @@ def savedmodel_to_onnx(savedmodel_dir: Path, input_shape: tuple[int, ...], out_p
 
     function = tf.function(serve, input_signature=[spec])
     model_proto, _ = tf2onnx.convert.from_function(function, input_signature=[spec], opset=ONNX_OPSET)
+    fold_captured_constants(model_proto, function.get_concrete_function())
     return save_onnx(model_proto, out_path)
+
+
+def fold_captured_constants(model_proto: Any, concrete: Any) -> None:
+    """Turn graph inputs that are captured eager tensors into initializers.
+
+    tf2onnx freezes captured variables but leaves captured *tensors* (Keras 3 keeps e.g. a
+    `Normalization` layer's mean and variance as tensors) as extra graph inputs that nobody feeds."""
+    import tensorflow as tf
+    from onnx import numpy_helper
+
+    constants = {
+        internal.name: external.numpy()
+        for external, internal in concrete.graph.captures
+        if external.dtype != tf.resource and hasattr(external, "numpy")
+    }
+    keep = [inp for inp in model_proto.graph.input if inp.name not in constants]
+    folded = [inp.name for inp in model_proto.graph.input if inp.name in constants]
+    for name in folded:
+        model_proto.graph.initializer.append(numpy_helper.from_array(constants[name], name))
+    if folded:
+        del model_proto.graph.input[:]
+        model_proto.graph.input.extend(keep)
