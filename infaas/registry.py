@@ -381,7 +381,11 @@ class Registry:
 
 
 def build_registry(
-    settings: Settings, store: MetadataStore, profiler: VariantProfiler | None = None
+    settings: Settings,
+    store: MetadataStore,
+    profiler: VariantProfiler | None = None,
+    probe: ProviderProbe | None = None,
 ) -> Registry:
-    """The one way the CLI, the app factory and the zoo build a registry."""
-    return Registry(settings, store, profiler)
+    """The one way the CLI, the app factory and the zoo build a registry; `probe` defaults to a real
+    ONNX Runtime provider probe (tests pass `variants.plan.FakeProviderProbe`)."""
+    return Registry(settings, store, profiler, probe=probe)
