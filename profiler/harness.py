@@ -50,7 +50,7 @@ class MeasureConfig(BaseModel):
     windows: int = Field(default=3, ge=1)
     window_iterations: int = Field(default=5, ge=1)
     window_s: float = Field(default=0.1, ge=0.0)
-    max_iterations: int = Field(default=2000, ge=1)
+    max_iterations: int = Field(default=100_000, ge=1)
     max_time_s: float = Field(default=1.0, gt=0.0)
     warmup_iterations: int = Field(default=3, ge=0)
     timeout_s: float = Field(default=120.0, gt=0.0, description="Whole variant, process start included.")

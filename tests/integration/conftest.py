@@ -75,12 +75,16 @@ def small_zoo(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
     Shared by every test of the session: treat it as read-only, or copy the data dir first."""
     from infaas.store import open_store
+    from profiler.process import ProcessProfiler
     from variants import zoo
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("small-zoo") / "data", admin_key="admin-test-key")
     store = open_store(settings)
     try:
-        zoo.install(settings, store, only=zoo.SMALL_ZOO)
+        # Quick profiles (seconds per variant, each in its own worker process) so the query path
+        # finds measured latency, accuracy and cost for every variant.
+        profiler = ProcessProfiler(settings, store, quick=True)
+        zoo.install(settings, store, only=zoo.SMALL_ZOO, profiler=profiler)
     finally:
         store.close()
     return settings
