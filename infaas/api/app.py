@@ -16,7 +16,9 @@ from infaas.api.auth import ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
 from infaas.api.routes import dashboard, fleet, health, metrics, tenants, usage
+from infaas.api.routes import models as model_routes
 from infaas.metrics import Metrics
+from infaas.registry import build_registry
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
 
@@ -53,4 +55,7 @@ def create_app(settings: Settings, *, store: MetadataStore | None = None) -> Fas
     )
     for module in (health, tenants, usage, fleet, metrics, dashboard):
         app.include_router(module.router)
+    # Registration: the use case behind POST /v1/models (the profiler is wired in where it exists).
+    app.state.registry = build_registry(settings, the_store)
+    app.include_router(model_routes.router)
     return app

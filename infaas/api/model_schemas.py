@@ -1,0 +1,140 @@
+"""Wire schemas of the model routes (`/v1/models`, `/v1/tasks`): what crosses HTTP about
+architectures, variants and tasks. Separate from the domain types in `infaas.types`; kept apart from
+`infaas.api.schemas` so that the registration surface reads as one unit."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infaas.api.schemas import NAME_PATTERN
+from infaas.types import Architecture, Profile, SkippedVariant, Task, Variant
+
+__all__ = [
+    "ArchitectureOut",
+    "ModelMetadata",
+    "ModelRegistered",
+    "SkippedOut",
+    "TaskOut",
+    "VariantOut",
+    "VariantsOut",
+    "architecture_out",
+    "skipped_out",
+    "task_out",
+    "variant_out",
+]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelMetadata(_Wire):
+    """The `metadata` part of `POST /v1/models`."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="architecture name, e.g. digits-cnn")
+    task: str = Field(pattern=NAME_PATTERN, description="task name; created by its first architecture")
+    description: str = Field(default="", max_length=500)
+
+
+class ArchitectureOut(_Wire):
+    name: str
+    task: str
+    kind: str
+    description: str
+    owner: str
+    created_at_s: float
+    source_sha256: str
+    variants: int
+    skipped: int
+
+
+class VariantOut(_Wire):
+    name: str
+    runtime: str
+    hardware: str
+    precision: str
+    threads: int
+    max_batch: int
+    sha256: str
+    top1_agreement: float
+    max_abs_diff: float
+    parity_samples: int
+    profiled: bool
+
+
+class SkippedOut(_Wire):
+    name: str
+    reason: str
+
+
+class VariantsOut(_Wire):
+    architecture: str
+    task: str
+    variants: list[VariantOut]
+    skipped: list[SkippedOut]
+
+
+class TaskOut(_Wire):
+    name: str
+    input_shape: list[int]
+    dtype: str
+    num_classes: int
+    validation_size: int
+    description: str
+    architectures: list[str]
+
+
+class ModelRegistered(_Wire):
+    created: bool = Field(description="false: these bytes were already registered under this name")
+    task_created: bool
+    architecture: ArchitectureOut
+    task: TaskOut
+    variants: list[VariantOut]
+    skipped: list[SkippedOut]
+
+
+def architecture_out(arch: Architecture, variants: int, skipped: int) -> ArchitectureOut:
+    return ArchitectureOut(
+        name=arch.name,
+        task=arch.task,
+        kind=arch.kind,
+        description=arch.description,
+        owner=arch.owner,
+        created_at_s=arch.created_at_s,
+        source_sha256=arch.source_sha256,
+        variants=variants,
+        skipped=skipped,
+    )
+
+
+def variant_out(variant: Variant, profile: Profile | None = None) -> VariantOut:
+    spec = variant.spec
+    return VariantOut(
+        name=variant.name,
+        runtime=spec.runtime,
+        hardware=spec.hardware,
+        precision=spec.precision,
+        threads=spec.threads,
+        max_batch=spec.max_batch,
+        sha256=variant.sha256,
+        top1_agreement=variant.parity.top1_agreement,
+        max_abs_diff=variant.parity.max_abs_diff,
+        parity_samples=variant.parity.samples,
+        profiled=profile is not None and profile.status == "ok",
+    )
+
+
+def skipped_out(skipped: SkippedVariant) -> SkippedOut:
+    return SkippedOut(name=skipped.name, reason=skipped.reason)
+
+
+def task_out(task: Task, architectures: list[str]) -> TaskOut:
+    return TaskOut(
+        name=task.name,
+        input_shape=list(task.input_spec.shape),
+        dtype=task.input_spec.dtype,
+        num_classes=task.num_classes,
+        validation_size=task.validation_size,
+        description=task.description,
+        architectures=architectures,
+    )
