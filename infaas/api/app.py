@@ -21,6 +21,7 @@ from infaas.metrics import Metrics
 from infaas.registry import build_registry
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
+from profiler.process import ProcessProfiler
 
 __all__ = ["create_app"]
 
@@ -55,7 +56,8 @@ def create_app(settings: Settings, *, store: MetadataStore | None = None) -> Fas
     )
     for module in (health, tenants, usage, fleet, metrics, dashboard):
         app.include_router(module.router)
-    # Registration: the use case behind POST /v1/models (the profiler is wired in where it exists).
-    app.state.registry = build_registry(settings, the_store)
+    # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
+    # a worker process of its own before registration returns, so a new model is servable at once.
+    app.state.registry = build_registry(settings, the_store, profiler=ProcessProfiler(settings, the_store))
     app.include_router(model_routes.router)
     return app
