@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -87,6 +89,137 @@ def profile(
         if failed:
             console.print(f"[red]{len(failed)} failed[/]; the reasons are in the table above")
             raise typer.Exit(1)
+    except InfaasError as exc:
+        console.print(f"[red]error:[/] {exc.message}")
+        raise typer.Exit(1) from exc
+    finally:
+        store.close()
+
+
+@app.command("register")
+def register(
+    path: Annotated[Path, typer.Argument(help="Model: .keras, .onnx, SavedModel dir/.zip/.tar.gz, .joblib.")],
+    name: str = typer.Option(..., "--name", help="Architecture name, e.g. digits-cnn."),
+    task: str = typer.Option(..., "--task", help="Task name; a new task needs --validation."),
+    validation: Annotated[Path | None, typer.Option("--validation", help=".npz with arrays x and y.")] = None,
+    description: str = typer.Option("", "--description"),
+    no_profile: bool = typer.Option(False, "--no-profile", help="Register without measuring."),
+) -> None:
+    """Register a model (as the admin): build its variants, check parity, store them."""
+    from infaas.errors import InfaasError
+    from infaas.registry import build_registry
+    from infaas.store import open_store
+    from variants.report import BuildProgress, skipped_table, variants_table
+
+    settings = load_settings()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow, not read by infaas
+    store = open_store(settings)
+    try:
+        registry = build_registry(settings, store)
+        with BuildProgress(console, f"registering {name}") as bar:
+            result = registry.register(
+                path,
+                name=name,
+                task=task,
+                validation=validation,
+                description=description,
+                profile=not no_profile,
+                progress=bar,
+            )
+        if not result.created:
+            console.print(f"[yellow]{name}[/] is already registered with these bytes; nothing to do")
+        profiles = {p.variant: p for p in store.list_profiles(name)}
+        console.print(variants_table(result.variants, profiles, title=f"variants of {name}"))
+        if result.skipped:
+            console.print(skipped_table(result.skipped))
+        console.print(
+            f"{len(result.variants)} variant(s) kept, {len(result.skipped)} not built"
+            + (f"; task {task!r} created" if result.task_created else "")
+            + f". Next: `infaas variants {name}`"
+        )
+    except InfaasError as exc:
+        console.print(f"[red]error:[/] {exc.message}")
+        raise typer.Exit(1) from exc
+    finally:
+        store.close()
+
+
+@app.command("models")
+def models(task: str | None = typer.Option(None, "--task", help="Only this task's architectures.")) -> None:
+    """List the registered architectures."""
+    from infaas.store import open_store
+    from variants.report import models_table
+
+    store = open_store(load_settings())
+    try:
+        archs = store.list_architectures(task)
+        counts = {a.name: (len(store.list_variants(a.name)), len(store.list_skipped(a.name))) for a in archs}
+        console.print(models_table(archs, counts))
+        if not archs:
+            console.print("no architectures yet: `infaas zoo install` or `infaas register PATH ...`")
+    finally:
+        store.close()
+
+
+@app.command("variants")
+def variants(architecture: str = typer.Argument(..., help="Architecture name.")) -> None:
+    """Show an architecture's variants (parity, profile) and the variants not built, with reasons."""
+    from infaas.store import open_store
+    from variants.report import skipped_table, variants_table
+
+    store = open_store(load_settings())
+    try:
+        if store.get_architecture(architecture) is None:
+            console.print(f"[red]error:[/] no architecture {architecture!r}; `infaas models` lists them")
+            raise typer.Exit(1)
+        profiles = {p.variant: p for p in store.list_profiles(architecture)}
+        console.print(
+            variants_table(store.list_variants(architecture), profiles, f"variants of {architecture}")
+        )
+        skipped = store.list_skipped(architecture)
+        if skipped:
+            console.print(skipped_table(skipped))
+    finally:
+        store.close()
+
+
+zoo_app = typer.Typer(no_args_is_help=True, help="The built-in model zoo (trained here, no downloads).")
+app.add_typer(zoo_app, name="zoo")
+
+
+@zoo_app.command("install")
+def zoo_install(
+    if_missing: bool = typer.Option(False, "--if-missing", help="Skip architectures already registered."),
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Only these architectures (repeatable).")
+    ] = None,
+) -> None:
+    """Train the zoo's models and register them through the public registration path."""
+    import time
+
+    from infaas.errors import InfaasError
+    from infaas.store import open_store
+    from variants import zoo
+    from variants.report import BuildProgress, zoo_table
+
+    settings = load_settings()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow, not read by infaas
+    store = open_store(settings)
+    start = time.perf_counter()
+    try:
+        wanted = only or [m.name for m in zoo.ZOO]
+        if if_missing and all(store.get_architecture(n) is not None for n in wanted):
+            console.print(f"model zoo present ({len(wanted)} architectures); nothing to install")
+            return
+        with BuildProgress(console, "model zoo") as bar:
+            results = zoo.install(settings, store, only=only, if_missing=if_missing, progress=bar)
+        console.print(zoo_table(results))
+        installed = [r for r in results if r.result is not None]
+        kept = sum(len(r.result.variants) for r in installed if r.result is not None)
+        console.print(
+            f"installed {len(installed)} architecture(s), {kept} variant(s) in "
+            f"{time.perf_counter() - start:.0f} s. Next: `infaas models`, `infaas serve`"
+        )
     except InfaasError as exc:
         console.print(f"[red]error:[/] {exc.message}")
         raise typer.Exit(1) from exc

@@ -8,6 +8,7 @@ with neither (trees, linear classifiers) are not quantized at all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,17 @@ __all__ = ["NotQuantizable", "quantization_method", "quantize_int8"]
 
 _MATMUL = {"MatMul", "Gemm"}
 _CONV = {"Conv"}
+
+
+class _DropPreprocessingHint(logging.Filter):
+    """ORT's quantizer logs a pre-processing hint on the root logger for every dynamic quantization;
+    pre-processing matters for static quantization only, where it is done."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Please consider to run pre-processing")
+
+
+_HINT_FILTER = _DropPreprocessingHint()
 
 
 class NotQuantizable(Exception):
@@ -71,6 +83,8 @@ def quantize_int8(fp32_path: Path, out_path: Path, calibration_rows: np.ndarray)
     clean = out_path.with_suffix(".fp32.onnx")
     onnx.save_model(model, str(clean))
     if method == "dynamic":
+        if _HINT_FILTER not in logging.getLogger().filters:
+            logging.getLogger().addFilter(_HINT_FILTER)
         quantize_dynamic(
             str(clean), str(out_path), op_types_to_quantize=sorted(_MATMUL), weight_type=QuantType.QInt8
         )
