@@ -7,6 +7,7 @@ differs from the local one are reported as foreign instead of being mixed in sil
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -56,8 +57,10 @@ def _gpu_name() -> str | None:
     return names[0] if names else None
 
 
+@functools.cache
 def local_machine() -> MachineInfo:
-    """This machine's fingerprint: CPU model, cores usable by this process, first GPU if any."""
+    """This machine's fingerprint: CPU model, cores usable by this process, first GPU if any
+    (probed once per process: nvidia-smi takes tens of milliseconds)."""
     model: str | None = None
     try:
         model = cpu_model_from_cpuinfo(_CPUINFO.read_text())

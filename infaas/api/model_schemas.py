@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infaas.api.profile_schemas import ProfileOut, profile_out
 from infaas.api.schemas import NAME_PATTERN
 from infaas.types import Architecture, Profile, SkippedVariant, Task, Variant
 
@@ -60,6 +61,7 @@ class VariantOut(_Wire):
     max_abs_diff: float
     parity_samples: int
     profiled: bool
+    profile: ProfileOut | None = Field(default=None, description="what was measured, if profiled")
 
 
 class SkippedOut(_Wire):
@@ -121,6 +123,7 @@ def variant_out(variant: Variant, profile: Profile | None = None) -> VariantOut:
         max_abs_diff=variant.parity.max_abs_diff,
         parity_samples=variant.parity.samples,
         profiled=profile is not None and profile.status == "ok",
+        profile=None if profile is None else profile_out(profile),
     )
 
 

@@ -80,7 +80,7 @@ def _registered(result: RegistrationResult, store: MetadataStore) -> ModelRegist
         task_created=result.task_created,
         architecture=architecture_out(result.architecture, len(result.variants), len(result.skipped)),
         task=task_out(result.task, archs),
-        variants=[variant_out(v) for v in result.variants],
+        variants=[variant_out(v, store.get_profile(v.name)) for v in result.variants],
         skipped=[skipped_out(s) for s in result.skipped],
     )
 
