@@ -18,7 +18,8 @@ __all__ = ["RichProgress", "profile_table"]
 class RichProgress:
     """A `ProfileProgress` that draws one bar over the variants; use it as a context manager."""
 
-    def __init__(self, console: Console, total: int, label: str = "profiling") -> None:
+    def __init__(self, console: Console, total: int | None = None, label: str = "profiling") -> None:
+        """`total` variants when known up front; None: each `profile_variants` call adds its own."""
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -28,6 +29,9 @@ class RichProgress:
             transient=False,
         )
         self._label = label
+        self._auto_total = total is None
+        self._total = total or 0
+        self._done = 0
         self._task = self._progress.add_task(label, total=total)
         self.failures = 0
 
@@ -41,13 +45,16 @@ class RichProgress:
         self._progress.stop()
 
     def started(self, variant: str, index: int, total: int) -> None:
-        self._progress.update(self._task, total=total, description=f"{self._label} {variant}")
+        if self._auto_total and index == 0:
+            self._total += total
+        self._progress.update(self._task, total=self._total, description=f"{self._label} {variant}")
 
     def finished(self, profile: Profile, index: int, total: int) -> None:
         if profile.status != "ok":
             self.failures += 1
             self._progress.console.print(f"[red]failed[/] {profile.variant}: {profile.error}")
-        self._progress.update(self._task, completed=index + 1, description=self._label)
+        self._done += 1
+        self._progress.update(self._task, completed=self._done, description=self._label)
 
 
 def _ms(value: float | None) -> str:
