@@ -77,7 +77,7 @@ def profile(
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow in the workers, not read by infaas
     store = open_store(settings)
     try:
-        with RichProgress(console, total=0) as bar:
+        with RichProgress(console) as bar:
             profiler = ProcessProfiler(settings, store, quick=quick, progress=bar)
             fresh, kept = profiler.profile_architecture(architecture, variant=variant, force=force)
         console.print(profile_table([*fresh, *kept], profiler.machine, title=f"profiles of {architecture}"))
