@@ -74,17 +74,17 @@ class Staging:
         if target.exists():
             return rel, sha
         folder.parent.mkdir(parents=True, exist_ok=True)
+        if folder.exists():
+            # The same bytes are already stored under another name (an uploaded ONNX file and its
+            # fp32 variant): add this name next to them with one rename.
+            self._place(source, target, copy)
+            self._committed.append(target)
+            return rel, sha
         # Assemble next to the target, then one rename publishes the whole folder.
         pending = folder.parent / f".{sha}.{uuid.uuid4().hex}"
         pending.mkdir()
         try:
-            if copy:
-                if source.is_dir():
-                    shutil.copytree(source, pending / filename, symlinks=False)
-                else:
-                    shutil.copyfile(source, pending / filename)
-            else:
-                os.rename(source, pending / filename)
+            self._place(source, pending / filename, copy)
             os.rename(pending, folder)
         except OSError:
             shutil.rmtree(pending, ignore_errors=True)
@@ -94,12 +94,27 @@ class Staging:
         self._committed.append(folder)
         return rel, sha
 
+    @staticmethod
+    def _place(source: Path, target: Path, copy: bool) -> None:
+        if not copy:
+            os.rename(source, target)
+        elif source.is_dir():
+            shutil.copytree(source, target, symlinks=False)
+        else:
+            shutil.copyfile(source, target)
+
     def rollback(self) -> None:
         """Remove every artifact this staging published (registration failed after publishing)."""
-        for folder in reversed(self._committed):
-            shutil.rmtree(folder, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the shard folder may hold other artifacts
-                folder.parent.rmdir()
+        for path in reversed(self._committed):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            # Folders left empty go too; ones holding other artifacts stay.
+            for folder in (path.parent, path.parent.parent):
+                if folder != self.artifacts_dir:
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
         self._committed.clear()
 
     def cleanup(self) -> None:
