@@ -208,3 +208,24 @@ async def test_a_cancelled_request_is_dropped_from_its_batch() -> None:
     assert (await kept).batch_requests == 1
     assert pool.batches[1][1][:, 0].tolist() == [3.0]
     await batcher.close()
+
+
+def tiny_profile(variant: Variant, ms: float, memory_mb: float = 1.0) -> Profile:
+    return make_profile(variant).model_copy(
+        update={"points": (point(1, ms), point(8, ms)), "memory_mb": memory_mb}
+    )
+
+
+async def test_sub_hop_variants_run_in_the_front_end_and_the_rest_on_the_pool() -> None:
+    remote, local = RecordingPool(), RecordingPool()
+    batcher = AsyncBatcher(remote, timer=ManualTimer(), local=local, inline_max_ms=0.25)
+    tiny, slow, fat = make_variant("tiny"), make_variant("slow"), make_variant("fat")
+    await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(1.0), 1e9)
+    await batcher.submit(slow, tiny_profile(slow, 5.0), rows(1.0), 1e9)
+    await batcher.submit(fat, tiny_profile(fat, 0.01, memory_mb=500.0), rows(1.0), 1e9)
+    assert [name for name, _ in local.batches] == [tiny.name]
+    assert [name for name, _ in remote.batches] == [slow.name, fat.name]
+    local.fail_next = Unavailable("artifact not readable here")
+    result = await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(7.0), 1e9)
+    assert result.outputs[0, 0] == 7.0 and remote.batches[-1][0] == tiny.name  # fell back to the pool
+    await batcher.close()

@@ -1,0 +1,403 @@
+"""Serving benchmark: one ONNX variant behind four servers, measured in one run (see bench_serving).
+
+bare         the ONNX Runtime session called in this process (no server)
+handwritten  FastAPI + ONNX Runtime in one uvicorn process, the session called inline
+rayserve     a plain Ray Serve deployment behind Serve's HTTP proxy (max_ongoing_requests raised)
+infaas       the infaas query path as the service wires it: FastAPI front end → per-variant batcher
+             (`AsyncBatcher`) → `RayPool`, with the front-end fast path for sub-hop variants
+             (`local=InProcessPool`): this 10 µs model then runs in the front end
+infaas-ray   the same with every batch through a Ray actor (one call per batch)
+infaas-nobatch  the same as infaas-ray with batching off: one Ray actor call per request
+
+Each server runs in its own process; the load generator (aiohttp) runs in this one. All servers
+parse the same JSON body and return the same JSON answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+
+FEATURES = 64
+ROW = [round(float(v), 4) for v in np.random.default_rng(0).random(FEATURES)]
+BODY = json.dumps({"inputs": [ROW]}).encode()
+
+
+# ---- the model ------------------------------------------------------------------------------
+
+
+def build_model(root: Path) -> tuple[Path, Any]:
+    """A small MLP on scikit-learn's digits, converted to ONNX; returns (artifact, Variant)."""
+    import hashlib
+    import warnings
+
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    from infaas.types import Parity, Variant, VariantSpec
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # a benchmark model, not a good one
+        model = MLPClassifier(hidden_layer_sizes=(128,), max_iter=100, random_state=0).fit(x, y)
+    onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=17)
+    data = onx.SerializeToString()
+    rel = "bench-mlp/model.onnx"
+    (root / "bench-mlp").mkdir(parents=True, exist_ok=True)
+    (root / rel).write_bytes(data)
+    variant = Variant(
+        spec=VariantSpec(architecture="bench-mlp", runtime="onnxruntime", threads=1, max_batch=64),
+        artifact=rel,
+        sha256=hashlib.sha256(data).hexdigest(),
+        parity=Parity(top1_agreement=1.0, max_abs_diff=0.0, samples=1),
+    )
+    return root / rel, variant
+
+
+def ort_session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    from variants.runtimes.onnxruntime import session_options
+
+    return ort.InferenceSession(
+        str(path), sess_options=session_options(1), providers=["CPUExecutionProvider"]
+    )
+
+
+def ort_predict(session: Any, x: np.ndarray) -> np.ndarray:
+    name = session.get_inputs()[0].name
+    out = session.run(None, {name: x})
+    return np.asarray(out[-1], dtype=np.float32)
+
+
+def bare(path: Path, variant: Any) -> tuple[dict[str, float], Any]:
+    """p50 of the in-process call at batch 1, calls/s, and a Profile for the batcher."""
+    import psutil
+
+    from infaas.types import LatencyPoint, MachineInfo, Profile
+
+    rss_before = psutil.Process().memory_info().rss
+    session = ort_session(path)
+    memory_mb = (psutil.Process().memory_info().rss - rss_before) / 2**20
+    x1 = np.asarray([ROW], dtype=np.float32)
+    points = []
+    for batch in (1, 8, 32, 64):
+        x = np.repeat(x1, batch, axis=0)
+        for _ in range(200):
+            ort_predict(session, x)
+        times_ms = []
+        for _ in range(1000 if batch == 1 else 300):
+            t0 = time.perf_counter()
+            ort_predict(session, x)
+            times_ms.append((time.perf_counter() - t0) * 1000)
+        times_ms.sort()
+
+        def q(p: float, ts: list[float] = times_ms) -> float:
+            return ts[min(len(ts) - 1, int(p * len(ts)))]
+
+        points.append(
+            LatencyPoint(
+                batch=batch,
+                p50_ms=q(0.5),
+                p95_ms=q(0.95),
+                p99_ms=q(0.99),
+                mean_ms=statistics.fmean(times_ms),
+                throughput_qps=batch * 1000 / statistics.fmean(times_ms),
+                samples=len(times_ms),
+                stable=True,
+                stop_reason="bench",
+                cost_usd_per_1k=0.0,
+            )
+        )
+    profile = Profile(
+        variant=variant.name,
+        machine=MachineInfo(cpu_model="bench", cores=os.cpu_count() or 1),
+        measured_at_s=time.time(),
+        points=tuple(points),
+        memory_mb=max(memory_mb, path.stat().st_size / 2**20),
+    )
+    p1 = points[0]
+    return {"p50_ms": p1.p50_ms, "rps": 1000.0 / p1.mean_ms}, profile
+
+
+# ---- the servers (each runs in its own process) ---------------------------------------------
+
+
+def _json_response(outputs: np.ndarray) -> Any:
+    from starlette.responses import Response
+
+    return Response(json.dumps({"outputs": outputs.tolist()}), media_type="application/json")
+
+
+def serve_handwritten(port: int, workdir: Path) -> None:
+    import uvicorn
+    from fastapi import FastAPI
+
+    session = ort_session(workdir / "artifacts" / "bench-mlp" / "model.onnx")
+    app = FastAPI()
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Any:
+        body = json.loads(await request.body())
+        return _json_response(ort_predict(session, np.asarray(body["inputs"], dtype=np.float32)))
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool) -> None:
+    from contextlib import asynccontextmanager
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from infaas.batching import AsyncBatcher
+    from infaas.settings import Settings
+    from infaas.types import Profile, Variant
+    from infaas.workers.inprocess import InProcessPool
+    from infaas.workers.ray_pool import RayPool
+
+    variant = Variant.model_validate_json((workdir / "variant.json").read_text())
+    profile = Profile.model_validate_json((workdir / "profile.json").read_text())
+    settings = Settings(data_dir=workdir / "data")
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        pool = RayPool(settings, artifacts_dir=workdir / "artifacts")
+        await pool.ensure_loaded(variant)
+        local = InProcessPool(workdir / "artifacts", memory_budget_mb=256.0) if inline else None
+        state["batcher"] = AsyncBatcher(pool, batching=batching, local=local)
+        yield
+        await state["batcher"].close()
+        await pool.close()
+        if local is not None:
+            await local.close()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Any:
+        body = json.loads(await request.body())
+        x = np.asarray(body["inputs"], dtype=np.float32)
+        result = await state["batcher"].submit(variant, profile, x, time.monotonic() + 0.1)
+        return _json_response(result.outputs)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def serve_rayserve(port: int, workdir: Path) -> None:
+    import ray
+    from ray import serve
+
+    from infaas.settings import Settings
+    from infaas.workers.ray_pool import init_ray
+
+    init_ray(Settings(data_dir=workdir / "data"))
+    model_path = workdir / "artifacts" / "bench-mlp" / "model.onnx"
+
+    @serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+    class Model:
+        def __init__(self) -> None:
+            self.session = ort_session(model_path)
+
+        async def __call__(self, request: Request) -> dict[str, Any]:
+            body = json.loads(await request.body())
+            out = ort_predict(self.session, np.asarray(body["inputs"], dtype=np.float32))
+            return {"outputs": out.tolist()}
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(Model.bind(), route_prefix="/predict")  # type: ignore[attr-defined]
+    print("ready", flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    serve.shutdown()  # type: ignore[no-untyped-call]
+    ray.shutdown()
+
+
+# ---- load generation -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _post(session: Any, url: str) -> float:
+    t0 = time.perf_counter()
+    async with session.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
+        payload = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}: {payload[:200]!r}")
+    if len(json.loads(payload)["outputs"]) != 1:
+        raise RuntimeError(f"{url} returned a wrong number of rows")
+    return (time.perf_counter() - t0) * 1000
+
+
+async def _wait_ready(url: str, timeout_s: float) -> None:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                await _post(session, url)
+                return
+            except (aiohttp.ClientError, RuntimeError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+
+async def measure(url: str, c1_requests: int, c64_s: float, concurrency: int) -> dict[str, float]:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(100):
+            await _post(session, url)
+        lat = sorted([await _post(session, url) for _ in range(c1_requests)])
+        p50_ms = lat[len(lat) // 2]
+
+        stop_s = 0.0
+        done = 0
+
+        async def client() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_s:
+                await _post(session, url)
+                done += 1
+
+        stop_s = time.perf_counter() + 1.0  # warm-up at full concurrency
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        done = 0
+        t0 = time.perf_counter()
+        stop_s = t0 + c64_s
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        rps = done / (time.perf_counter() - t0)
+    return {"p50_ms": p50_ms, "rps": rps}
+
+
+def run_server(kind: str, workdir: Path, args: argparse.Namespace) -> dict[str, float]:
+    port = free_port()
+    cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--workdir", str(workdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/predict"
+    try:
+        asyncio.run(_wait_ready(url, timeout_s=120))
+        return asyncio.run(measure(url, args.requests, args.seconds, args.concurrency))
+    except Exception:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        sys.stderr.write(err.decode(errors="replace")[-3000:])
+        raise
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--requests", type=int, default=1000, help="sequential requests for p50 (c=1)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="duration of the c=64 throughput run")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--only", default="handwritten,rayserve,infaas,infaas-ray,infaas-nobatch", help="servers to measure"
+    )
+    args = parser.parse_args()
+    if args.serve:
+        if args.serve == "handwritten":
+            serve_handwritten(args.port, args.workdir)
+        elif args.serve == "rayserve":
+            serve_rayserve(args.port, args.workdir)
+        else:
+            serve_infaas(
+                args.port,
+                args.workdir,
+                batching=args.serve != "infaas-nobatch",
+                inline=args.serve == "infaas",
+            )
+        return
+
+    with tempfile.TemporaryDirectory(prefix="infaas-bench-") as tmp:
+        workdir = Path(tmp)
+        path, variant = build_model(workdir / "artifacts")
+        results: dict[str, dict[str, float]] = {}
+        results["bare"], profile = bare(path, variant)
+        (workdir / "variant.json").write_text(variant.model_dump_json())
+        (workdir / "profile.json").write_text(profile.model_dump_json())
+        print(f"variant {variant.name}: bare p50 {results['bare']['p50_ms'] * 1000:.0f} µs", flush=True)
+        for kind in args.only.split(","):
+            print(f"measuring {kind} ...", flush=True)
+            results[kind] = run_server(kind, workdir, args)
+            print(f"  p50 {results[kind]['p50_ms']:.3f} ms, {results[kind]['rps']:.0f} req/s", flush=True)
+    report(results, args.concurrency)
+
+
+def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
+    base = results["bare"]["p50_ms"]
+    print()
+    print(f"| server | p50 at c=1 (ms) | p50 overhead over bare (ms) | req/s at c={concurrency} |")
+    print("|---|---:|---:|---:|")
+    for kind, r in results.items():
+        rps = "—" if kind == "bare" else f"{r['rps']:.0f}"
+        print(f"| {kind} | {r['p50_ms']:.3f} | {r['p50_ms'] - base:.3f} | {rps} |")
+    print()
+    inf = results.get("infaas")
+    if inf is None:
+        return
+    goals = [
+        ("infaas p50 overhead over bare (ms)", inf["p50_ms"] - base, "≤ 1", inf["p50_ms"] - base <= 1.0),
+    ]
+    if "handwritten" in results:
+        ratio = inf["rps"] / results["handwritten"]["rps"]
+        goals.append(("throughput infaas / hand-written", ratio, "≥ 0.8", ratio >= 0.8))
+    if "rayserve" in results:
+        ratio = inf["rps"] / results["rayserve"]["rps"]
+        goals.append(("throughput infaas / Ray Serve", ratio, "≥ 5", ratio >= 5))
+    if "infaas-ray" in results:
+        ray_path = results["infaas-ray"]
+        goals.append(("infaas-ray p50 overhead over bare (ms)", ray_path["p50_ms"] - base, "—", True))
+        if "handwritten" in results:
+            ratio = ray_path["rps"] / results["handwritten"]["rps"]
+            goals.append(("throughput infaas-ray / hand-written", ratio, "—", True))
+        if "infaas-nobatch" in results:
+            ratio = ray_path["rps"] / results["infaas-nobatch"]["rps"]
+            goals.append(("throughput batching on / off (Ray path)", ratio, "≥ 3", ratio >= 3))
+    print("| ratio | measured | goal | met |")
+    print("|---|---:|---|---|")
+    for name, value, goal, met in goals:
+        verdict = "" if goal == "—" else ("yes" if met else "no")
+        print(f"| {name} | {value:.2f} | {goal} | {verdict} |")
+
+
+if __name__ == "__main__":
+    main()
