@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -27,6 +26,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from infaas import errors
+from infaas.metering import MeterRecord
 from infaas.store import MetadataStore
 from infaas.types import LATENCY_BUCKETS_MS, pusd_to_usd
 from infaas.workers.base import Batcher, WorkerPool
@@ -254,8 +254,8 @@ class Metrics:
         """The exposition text (Prometheus text format 0.0.4)."""
         return generate_latest(self.registry)
 
-    def listener(self, record: Any) -> None:
-        """Adapter for `Meter.add_listener`: one usage-meter record per query."""
+    def listener(self, record: MeterRecord) -> None:
+        """The hook for `Meter.add_listener`: one record per answered or failed query."""
         self.observe_query(
             tenant=record.tenant,
             task=record.task,

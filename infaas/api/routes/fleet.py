@@ -1,8 +1,9 @@
 """`GET /v1/admin/fleet`: workers, what each hosts, memory vs budget, queues, recent decisions.
 
-Read from the worker pool (`WorkerPool.fleet()`, `WorkerPool.events()`) and the batcher
-(`Batcher.queue_depths()`) the app factory put on `app.state`; a front end started without a pool
-(tests of the admin views alone) shows an empty fleet rather than failing.
+Read from the worker pool (`WorkerPool.fleet()`, `WorkerPool.events()`: loads, evictions,
+replicas, crashes), the batcher (`Batcher.queue_depths()`) and the routing log (`RouteLog`: which
+variant each task is routed to, and when that changes) the app factory put on `app.state`. A
+front end without a pool shows an empty fleet rather than failing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from infaas.api.auth import AdminPrincipal
+from infaas.routelog import RouteLog
 from infaas.types import FleetEvent, WorkerInfo
 from infaas.workers.base import Batcher, WorkerPool
 
@@ -61,8 +63,12 @@ async def fleet(
 ) -> FleetView:
     """Workers, loaded variants, memory used vs budget, queue depths and recent decisions with reasons."""
     pool, batcher = fleet_sources(request.app.state)
-    return fleet_view(
+    route_log: RouteLog | None = getattr(request.app.state, "route_log", None)
+    recent = pool.events(limit=events) if pool is not None and events else []
+    recent += route_log.events(limit=events) if route_log is not None else []
+    view = fleet_view(
         pool.fleet() if pool is not None else [],
         batcher.queue_depths() if batcher is not None else {},
-        pool.events(limit=events) if pool is not None and events else [],
+        recent,
     )
+    return view.model_copy(update={"events": view.events[:events]})
