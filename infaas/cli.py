@@ -109,14 +109,16 @@ def register(
     from infaas.errors import InfaasError
     from infaas.registry import build_registry
     from infaas.store import open_store
+    from profiler.process import CallbackProgress, ProcessProfiler
     from variants.report import BuildProgress, skipped_table, variants_table
 
     settings = load_settings()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow, not read by infaas
     store = open_store(settings)
     try:
-        registry = build_registry(settings, store)
         with BuildProgress(console, f"registering {name}") as bar:
+            profiler = ProcessProfiler(settings, store, progress=CallbackProgress(bar))
+            registry = build_registry(settings, store, profiler=profiler)
             result = registry.register(
                 path,
                 name=name,
@@ -193,12 +195,14 @@ def zoo_install(
     only: Annotated[
         list[str] | None, typer.Option("--only", help="Only these architectures (repeatable).")
     ] = None,
+    no_profile: bool = typer.Option(False, "--no-profile", help="Register without measuring."),
 ) -> None:
     """Train the zoo's models and register them through the public registration path."""
     import time
 
     from infaas.errors import InfaasError
     from infaas.store import open_store
+    from profiler.process import CallbackProgress, ProcessProfiler
     from variants import zoo
     from variants.report import BuildProgress, zoo_table
 
@@ -212,7 +216,24 @@ def zoo_install(
             console.print(f"model zoo present ({len(wanted)} architectures); nothing to install")
             return
         with BuildProgress(console, "model zoo") as bar:
-            results = zoo.install(settings, store, only=only, if_missing=if_missing, progress=bar)
+            # The bar counts architectures; profiling reports its variant inside the current one.
+            arch_done = [0, len(wanted)]
+
+            def on_zoo(message: str, done: int, total: int) -> None:
+                arch_done[:] = [done, total]
+                bar(message, done, total)
+
+            def on_profile(message: str, _i: int, _n: int) -> None:
+                bar(message, arch_done[0], arch_done[1])
+
+            profiler = (
+                None
+                if no_profile
+                else ProcessProfiler(settings, store, progress=CallbackProgress(on_profile))
+            )
+            results = zoo.install(
+                settings, store, only=only, if_missing=if_missing, profiler=profiler, progress=on_zoo
+            )
         console.print(zoo_table(results))
         installed = [r for r in results if r.result is not None]
         kept = sum(len(r.result.variants) for r in installed if r.result is not None)

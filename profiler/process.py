@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LOADER",
+    "CallbackProgress",
     "NullProgress",
     "ProcessProfiler",
     "ProfileProgress",
@@ -156,6 +157,21 @@ class NullProgress:
 
     def finished(self, profile: Profile, index: int, total: int) -> None:
         return None
+
+
+class CallbackProgress:
+    """Reports to a ``(message, done, total)`` callback, such as the registration progress bar,
+    so profiling shows inside the bar already on screen (rich draws one live display at a time)."""
+
+    def __init__(self, callback: Callable[[str, int, int], None]) -> None:
+        self.callback = callback
+
+    def started(self, variant: str, index: int, total: int) -> None:
+        self.callback(f"profiling {variant} ({index + 1}/{total})", index, total)
+
+    def finished(self, profile: Profile, index: int, total: int) -> None:
+        outcome = "profiled" if profile.status == "ok" else "profile failed:"
+        self.callback(f"{outcome} {profile.variant}", index + 1, total)
 
 
 def needs_profile(existing: Profile | None, local: MachineInfo, force: bool) -> bool:

@@ -97,7 +97,7 @@ def profile_table(profiles: Iterable[Profile], local: MachineInfo, title: str = 
             _ms(b1.p99_ms if b1 else None),
             _ms(b32.p50_ms if b32 else None),
             f"{max(pt.throughput_qps for pt in p.points):,.0f}" if p.points else "-",
-            f"{p.load_time_s:.2f}",
+            f"{p.load_time_s:.3f}",
             f"{p.memory_mb:.1f}",
             f"{p.accuracy:.4f}",
             f"{p.cost_usd_per_1k(1):.2e}",
