@@ -60,9 +60,20 @@ def serve_app(app: FastAPI) -> Iterator[str]:
         thread.join(timeout=30)
 
 
+def _quick_profiling(app: FastAPI, settings: Settings) -> None:
+    """Registrations through the API profile their variants in quick mode (seconds, not minutes)."""
+    from infaas.registry import build_registry
+    from profiler.process import ProcessProfiler
+
+    store = app.state.store
+    profiler = ProcessProfiler(settings, store, quick=True)
+    app.state.registry = build_registry(settings, store, profiler=profiler)
+
+
 @pytest.fixture
 def live_server(settings: Settings) -> Iterator[LiveServer]:
     app = create_app(settings)
+    _quick_profiling(app, settings)
     for url in serve_app(app):
         yield LiveServer(url=url, app=app, admin_key=app.state.admin_key)
 
