@@ -1,4 +1,5 @@
-"""Shared fixtures: settings on a temporary data dir, and the Redis URL for tests."""
+"""Shared fixtures: settings on a temporary data dir, the Redis URL for tests, and `small_zoo`
+(here rather than in tests/integration, so the browser tests in tests/e2e share its one build)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,26 @@ def redis_url() -> Iterator[str]:
             pytest.fail(f"INFAAS_REQUIRE_REDIS is set but Redis at {url} is unreachable: {exc}")
         pytest.skip(f"no Redis at {url} (set INFAAS_REQUIRE_REDIS=1 to make this a failure)")
     yield url
+
+
+@pytest.fixture(scope="session")
+def small_zoo(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """A data dir with a SQLite store holding a fast subset of the built-in zoo (`zoo.SMALL_ZOO`:
+    digits logistic regression, sklearn MLP and Keras MLP; breast-cancer logistic regression),
+    registered through the public registration path once per test session (seconds).
+
+    Shared by every test of the session: treat it as read-only, or copy the data dir first."""
+    from infaas.store import open_store
+    from profiler.process import ProcessProfiler
+    from variants import zoo
+
+    settings = Settings(data_dir=tmp_path_factory.mktemp("small-zoo") / "data", admin_key="admin-test-key")
+    store = open_store(settings)
+    try:
+        # Quick profiles (seconds per variant, each in its own worker process) so the query path
+        # finds measured latency, accuracy and cost for every variant.
+        profiler = ProcessProfiler(settings, store, quick=True)
+        zoo.install(settings, store, only=zoo.SMALL_ZOO, profiler=profiler)
+    finally:
+        store.close()
+    return settings
