@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from infaas.types import (
     COUNTER_COST_PUSD,
@@ -39,7 +39,8 @@ __all__ = ["FlakySink", "Meter", "MeterFlusher", "MeterRecord", "Outcome", "Usag
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["ok", "error"]
+Outcome = str
+"""``ok`` or ``slo_missed`` for an answered query, the error code (`infaas.errors`) for a failed one."""
 
 
 class UsageSink(Protocol):
@@ -64,7 +65,7 @@ class FlakySink:
 
 @dataclass(frozen=True, slots=True)
 class MeterRecord:
-    """One answered (``outcome="ok"``) or failed query, as listeners see it."""
+    """One answered (``outcome`` ``ok`` / ``slo_missed``) or failed (the error code) query."""
 
     tenant: str
     task: str
@@ -131,7 +132,7 @@ class Meter:
             tenant=tenant,
             task=task,
             variant=variant,
-            outcome="ok",
+            outcome="ok" if slo_met else "slo_missed",
             latency_ms=latency_ms,
             cost_pusd=cost_pusd,
             rows=rows,
@@ -150,7 +151,7 @@ class Meter:
             tenant=tenant,
             task=task,
             variant=variant,
-            outcome="error",
+            outcome=error,
             latency_ms=latency_ms,
             cost_pusd=0,
             rows=rows,

@@ -15,12 +15,17 @@ from fastapi import FastAPI
 from infaas.api.auth import ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
-from infaas.api.routes import dashboard, fleet, health, metrics, tenants, usage
+from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
 from infaas.api.routes import models as model_routes
+from infaas.batching import AsyncBatcher
+from infaas.metering import Meter, MeterFlusher
 from infaas.metrics import Metrics
 from infaas.registry import build_registry
+from infaas.routelog import RouteLog
+from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
+from infaas.workers.base import WorkerPool
 from profiler.process import ProcessProfiler
 
 __all__ = ["create_app"]
@@ -28,16 +33,40 @@ __all__ = ["create_app"]
 _MB = 1024 * 1024
 
 
-def create_app(settings: Settings, *, store: MetadataStore | None = None) -> FastAPI:
-    """Build the service. `store` overrides the one the settings name (tests)."""
+def create_app(
+    settings: Settings, *, store: MetadataStore | None = None, pool: WorkerPool | None = None
+) -> FastAPI:
+    """Build the service. `store` overrides the one the settings name, `pool` the Ray worker pool
+    (tests and tiny setups pass an in-process one); what is passed in is not closed here."""
     owned_store = store is None
     the_store = store if store is not None else open_store(settings)
+    meter = Meter(the_store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The query path: worker pool (a lean local Ray unless settings.ray_address) → batcher →
+        # router; the meter flushes usage in the background and once more at shutdown.
+        if pool is None:
+            from infaas.workers.ray_pool import RayPool  # only this path imports ray
+
+            the_pool: WorkerPool = RayPool(settings)
+        else:
+            the_pool = pool
+        batcher = AsyncBatcher(the_pool)
+        the_router = Router(the_store, the_pool, batcher)
+        the_router.refresh()
+        the_router.start()
+        flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
+        flusher.start()
+        app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
         try:
             yield
         finally:
+            await the_router.close()
+            await batcher.close()
+            await flusher.close()
+            if pool is None:
+                await the_pool.close()
             if owned_store:
                 the_store.close()
 
@@ -48,13 +77,18 @@ def create_app(settings: Settings, *, store: MetadataStore | None = None) -> Fas
     app.state.readiness_checks = {"store": lambda: the_store.list_tasks() is not None}
     # Admin views: its own Prometheus registry per app (never the global one), fed by the meter.
     app.state.metrics = Metrics(the_store, time.monotonic, sources=lambda: fleet.fleet_sources(app.state))
+    app.state.meter = meter
+    meter.add_listener(app.state.metrics.listener)
+    app.state.route_log = RouteLog()  # routing changes for the fleet view
+    meter.add_listener(app.state.route_log.listener)
     install_error_handlers(app)
     app.add_middleware(
         BodyLimit,
         max_request_bytes=int(settings.max_request_mb * _MB),
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
-    for module in (health, tenants, usage, fleet, metrics, dashboard):
+    app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
+    for module in (health, tenants, usage, fleet, metrics, dashboard, query):
         app.include_router(module.router)
     # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
     # a worker process of its own before registration returns, so a new model is servable at once.

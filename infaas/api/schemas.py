@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TenantCreate", "TenantCreated", "TenantOut"]
+__all__ = [
+    "QueryRequest",
+    "QueryResponse",
+    "TenantCreate",
+    "TenantCreated",
+    "TenantOut",
+    "UsageResponse",
+    "UsageRow",
+]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
@@ -27,3 +37,53 @@ class TenantOut(_Wire):
     role: str
     created_at_s: float
     revoked: bool
+
+
+# ---- the query path --------------------------------------------------------------------------
+
+
+class QueryRequest(_Wire):
+    """``POST /v1/query``: a task and targets (model-less), or a pinned architecture or variant."""
+
+    task: str = Field(min_length=1, max_length=200)
+    # Checked against the task's input spec by the route (shape, dtype, finite), not here: a
+    # nested float list validated element by element would cost more than the inference.
+    inputs: list[Any] = Field(description="rows of the task's input shape (or flattened rows)")
+    latency_ms: float = Field(gt=0, le=3_600_000, description="end-to-end bound at the server")
+    min_accuracy: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)
+    architecture: str | None = Field(default=None, description="pin a model; infaas picks its variant")
+    variant: str | None = Field(default=None, description="pin an exact variant")
+
+
+class QueryResponse(_Wire):
+    outputs: list[list[float]]
+    variant: str
+    architecture: str
+    accuracy: float
+    predicted_latency_ms: float
+    latency_ms: float = Field(description="measured at the server, from receipt to reply")
+    cost_usd: float
+    cost_pusd: int = Field(description="the exact charge in pico-dollars (what usage sums)")
+    slo_met: bool
+    batch_rows: int = Field(description="rows in the batch this query ran in")
+    reason: str
+    load_hint: str | None = None
+
+
+class UsageRow(_Wire):
+    task: str
+    variant: str
+    minute: int
+    counters: dict[str, int]
+
+
+class UsageResponse(_Wire):
+    """``GET /v1/usage``: the calling tenant's own usage."""
+
+    tenant: str
+    from_minute: int | None
+    to_minute: int | None
+    totals: dict[str, int]
+    cost_usd: float
+    rows: list[UsageRow]

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from infaas.api import create_app
 from infaas.settings import Settings
+from infaas.workers.inprocess import InProcessPool
 
 
 def free_port() -> int:
@@ -72,30 +73,9 @@ def _quick_profiling(app: FastAPI, settings: Settings) -> None:
 
 @pytest.fixture
 def live_server(settings: Settings) -> Iterator[LiveServer]:
-    app = create_app(settings)
+    # API-surface tests need no workers: an in-process pool keeps Ray (~3.4 s, ~700 MB) out of
+    # them; the query path's integration tests start Ray once per module.
+    app = create_app(settings, pool=InProcessPool(settings.artifacts_dir))
     _quick_profiling(app, settings)
     for url in serve_app(app):
         yield LiveServer(url=url, app=app, admin_key=app.state.admin_key)
-
-
-@pytest.fixture(scope="session")
-def small_zoo(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    """A data dir with a SQLite store holding a fast subset of the built-in zoo (`zoo.SMALL_ZOO`:
-    digits logistic regression, sklearn MLP and Keras MLP; breast-cancer logistic regression),
-    registered through the public registration path once per test session (seconds).
-
-    Shared by every test of the session: treat it as read-only, or copy the data dir first."""
-    from infaas.store import open_store
-    from profiler.process import ProcessProfiler
-    from variants import zoo
-
-    settings = Settings(data_dir=tmp_path_factory.mktemp("small-zoo") / "data", admin_key="admin-test-key")
-    store = open_store(settings)
-    try:
-        # Quick profiles (seconds per variant, each in its own worker process) so the query path
-        # finds measured latency, accuracy and cost for every variant.
-        profiler = ProcessProfiler(settings, store, quick=True)
-        zoo.install(settings, store, only=zoo.SMALL_ZOO, profiler=profiler)
-    finally:
-        store.close()
-    return settings

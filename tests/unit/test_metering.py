@@ -126,13 +126,15 @@ def test_listeners_see_answers_and_failures_and_cannot_break_the_meter() -> None
     meter.add_listener(broken)
     meter.add_listener(seen.append)
     rec = answer(meter, cost_pusd=9, batch_rows=6)
+    missed = answer(meter, slo_met=False)
     meter.record_failure(
         tenant="t1", task="digits", variant="", rows=2, latency_ms=0.3, error="invalid_input", now_s=1.0
     )
     assert seen[0] == rec and rec.outcome == "ok" and rec.batch_rows == 6 and rec.cost_pusd == 9
-    assert seen[1].outcome == "error" and seen[1].error == "invalid_input" and seen[1].cost_pusd == 0
+    assert seen[1] == missed and missed.outcome == "slo_missed"
+    assert seen[2].outcome == "invalid_input" and seen[2].error == "invalid_input" and seen[2].cost_pusd == 0
     # failures are not charged
-    assert sum(d.counters[COUNTER_QUERIES] for d in meter.pending()) == 1
+    assert sum(d.counters[COUNTER_QUERIES] for d in meter.pending()) == 2
 
 
 def test_flusher_flushes_periodically_and_at_close() -> None:

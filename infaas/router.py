@@ -1,0 +1,408 @@
+"""The router: the I/O shell around `infaas.policy.selection`.
+
+It keeps three things current and hands them to the pure policy on every query:
+
+- a *snapshot* of tasks, architectures, variants and profiles from the store, as one
+  `VariantTable` per task and per architecture; rebuilt in the background when the store's
+  registrations or profiles change, and at once (rate-limited) when a query names something the
+  snapshot does not know yet;
+- *live state*: which variants are loaded (the worker pool) and each one's queueing delay (the
+  batcher);
+- the *path's overhead*: what the service adds on top of the profiled run time (parsing, the
+  batching wait beyond prediction, the Ray hop, the reply), measured on every answered query as
+  ``latency_ms - (profile p99 + predicted queueing)`` and kept as a high quantile over a sliding
+  window (`OverheadTracker`). Adding that quantile to every prediction is what makes ``slo_met``
+  hold for the great majority of answers, not just the profile's p99 of the model's own run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infaas.errors import (
+    ArchitectureNotFound,
+    InvalidInput,
+    NoFeasibleVariant,
+    TaskNotFound,
+    Unavailable,
+    VariantNotFound,
+)
+from infaas.policy.selection import Infeasible, LiveState, VariantTable
+from infaas.store import MetadataStore
+from infaas.types import SLO, Architecture, Decision, Profile, Task, Variant
+from infaas.workers.base import Batcher, WorkerPool
+
+__all__ = ["OverheadTracker", "Routed", "Router", "Snapshot"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OVERHEAD_MS = 1.0
+"""Overhead assumed until enough answers are measured: the Ray hop is ~0.7 ms here (DESIGN.md)."""
+
+
+class OverheadTracker:
+    """A high quantile of the prediction's residual over the last `window` answers (pure: the
+    residuals come in as numbers). Until `min_samples` are seen it reports `prior_ms`."""
+
+    def __init__(
+        self,
+        prior_ms: float = DEFAULT_OVERHEAD_MS,
+        *,
+        quantile: float = 0.99,
+        window: int = 2048,
+        min_samples: int = 32,
+        refresh_every: int = 16,
+    ) -> None:
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError("quantile must be in (0, 1]")
+        self._prior_ms = prior_ms
+        self._quantile = quantile
+        self._min_samples = min_samples
+        self._refresh_every = refresh_every
+        self._samples: deque[float] = deque(maxlen=window)
+        self._since_refresh = 0
+        self._value_ms = prior_ms
+
+    @property
+    def value_ms(self) -> float:
+        return self._value_ms
+
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
+
+    def observe(self, residual_ms: float) -> None:
+        """Record one answer's `latency_ms - (profiled run time + predicted queueing)`."""
+        self._samples.append(residual_ms)
+        self._since_refresh += 1
+        if len(self._samples) >= self._min_samples and self._since_refresh >= self._refresh_every:
+            self._since_refresh = 0
+            # Recomputed every few answers, not on each: a quantile over 2 048 floats is ~30 µs.
+            q = float(np.quantile(np.fromiter(self._samples, dtype=np.float64), self._quantile))
+            self._value_ms = max(0.0, q)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything selection needs from the store, immutable; swapped whole on change."""
+
+    fingerprint: str
+    tasks: dict[str, Task]
+    architectures: dict[str, Architecture]
+    variants: dict[str, tuple[Variant, Profile | None]]
+    by_task: dict[str, VariantTable]
+    by_architecture: dict[str, VariantTable]
+
+    @classmethod
+    def empty(cls) -> Snapshot:
+        return cls("", {}, {}, {}, {}, {})
+
+    @classmethod
+    def load(cls, store: MetadataStore) -> Snapshot:
+        tasks = {t.name: t for t in store.list_tasks()}
+        archs = {a.name: a for a in store.list_architectures()}
+        profiles = {p.variant: p for p in store.list_profiles()}
+        variants = {
+            v.name: (v, profiles.get(v.name)) for v in store.list_variants() if v.architecture in archs
+        }
+        digest = hashlib.sha256()
+        for name in sorted(tasks):
+            digest.update(tasks[name].model_dump_json().encode())
+        for name in sorted(archs):
+            digest.update(archs[name].model_dump_json().encode())
+        for name in sorted(variants):
+            variant, profile = variants[name]
+            digest.update(variant.sha256.encode() + name.encode())
+            digest.update(profile.model_dump_json().encode() if profile else b"-")
+        return cls.build(digest.hexdigest(), tasks, archs, variants)
+
+    @classmethod
+    def build(
+        cls,
+        fingerprint: str,
+        tasks: dict[str, Task],
+        archs: dict[str, Architecture],
+        variants: dict[str, tuple[Variant, Profile | None]],
+    ) -> Snapshot:
+        by_arch: dict[str, list[tuple[Variant, Profile]]] = {name: [] for name in archs}
+        by_task: dict[str, list[tuple[Variant, Profile]]] = {name: [] for name in tasks}
+        for variant, profile in variants.values():
+            if profile is None:
+                continue
+            by_arch[variant.architecture].append((variant, profile))
+            by_task.setdefault(archs[variant.architecture].task, []).append((variant, profile))
+        return cls(
+            fingerprint=fingerprint,
+            tasks=tasks,
+            architectures=archs,
+            variants=variants,
+            by_task={name: VariantTable(entries) for name, entries in by_task.items()},
+            by_architecture={name: VariantTable(entries) for name, entries in by_arch.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A decision with what the query path needs to carry it out and to learn from it."""
+
+    decision: Decision
+    task: Task
+    variant: Variant
+    profile: Profile
+    cold: bool  # not loaded when decided: its first run includes the load
+    expected_ms: float  # profile p99 at the query's rows + predicted queueing (no overhead)
+
+
+@dataclass
+class _LoadedCache:
+    at_s: float
+    names: frozenset[str] = field(default_factory=frozenset)
+
+
+class Router:
+    """Decides where each query runs. `now_s` (monotonic seconds) always comes from the caller."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        pool: WorkerPool,
+        batcher: Batcher,
+        *,
+        overhead: OverheadTracker | None = None,
+        refresh_interval_s: float = 2.0,
+        miss_refresh_interval_s: float = 0.5,
+        loaded_ttl_s: float = 0.02,
+    ) -> None:
+        self._store = store
+        self._pool = pool
+        self._batcher = batcher
+        self.overhead = overhead or OverheadTracker()
+        self._refresh_interval_s = refresh_interval_s
+        self._miss_refresh_interval_s = miss_refresh_interval_s
+        self._loaded_ttl_s = loaded_ttl_s
+        self._snapshot = Snapshot.empty()
+        self._last_miss_refresh_s = float("-inf")
+        self._loaded: dict[int, _LoadedCache] = {}
+        self._hinted: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refresher: asyncio.Task[None] | None = None
+        self.on_refresh: list[Callable[[Snapshot], None]] = []
+
+    # ---- snapshot -----------------------------------------------------------------------
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def refresh(self) -> bool:
+        """Reload the snapshot from the store; True when it changed."""
+        fresh = Snapshot.load(self._store)
+        if fresh.fingerprint == self._snapshot.fingerprint:
+            return False
+        self._snapshot = fresh
+        self._loaded.clear()
+        for fn in self.on_refresh:
+            fn(fresh)
+        return True
+
+    def start(self) -> None:
+        """Start the background refresh (call from the running event loop)."""
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop(), name="router-refresh")
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_interval_s)
+            try:
+                fresh = await asyncio.to_thread(Snapshot.load, self._store)
+            except Exception:
+                log.exception("router snapshot refresh failed; keeping the previous one")
+                continue
+            if fresh.fingerprint != self._snapshot.fingerprint:
+                self._snapshot = fresh
+                self._loaded.clear()
+                for fn in self.on_refresh:
+                    fn(fresh)
+
+    def _refresh_on_miss(self, now_s: float) -> bool:
+        # A name the snapshot lacks may have just been registered; look once, but not on every
+        # request naming garbage.
+        if now_s - self._last_miss_refresh_s < self._miss_refresh_interval_s:
+            return False
+        self._last_miss_refresh_s = now_s
+        return self.refresh()
+
+    def task(self, name: str, now_s: float) -> Task:
+        """The task, or `TaskNotFound`."""
+        task = self._snapshot.tasks.get(name)
+        if task is None and self._refresh_on_miss(now_s):
+            task = self._snapshot.tasks.get(name)
+        if task is None:
+            raise TaskNotFound(f"no task {name!r}; GET /v1/tasks lists them", task=name)
+        return task
+
+    # ---- live state ---------------------------------------------------------------------
+    def _loaded_names(self, table: VariantTable, now_s: float) -> frozenset[str]:
+        cached = self._loaded.get(id(table))
+        if cached is None or now_s - cached.at_s > self._loaded_ttl_s:
+            names = frozenset(n for n in table.variants if self._pool.is_loaded(n))
+            cached = self._loaded[id(table)] = _LoadedCache(at_s=now_s, names=names)
+        return cached.names
+
+    def live_state(self, table: VariantTable, now_s: float) -> LiveState:
+        loaded = self._loaded_names(table, now_s)
+        delays: dict[str, float] = {}
+        for name in loaded.union(self._batcher.queue_depths()):
+            if name in table:
+                delay = self._batcher.queue_delay_ms(name)
+                if delay > 0.0:
+                    delays[name] = delay
+        return LiveState(loaded=loaded, queue_delay_ms=delays, overhead_ms=self.overhead.value_ms)
+
+    # ---- the decision -------------------------------------------------------------------
+    def route(
+        self,
+        task_name: str,
+        rows: int,
+        slo: SLO,
+        now_s: float,
+        *,
+        architecture: str | None = None,
+        variant: str | None = None,
+    ) -> Routed:
+        """Pick the variant for a query of `rows` rows, or raise the error the API returns."""
+        task = self.task(task_name, now_s)
+        snap = self._snapshot
+        if variant is not None:
+            return self._route_pinned(task, rows, slo, variant, now_s)
+        if architecture is not None:
+            arch = snap.architectures.get(architecture)
+            if arch is None and self._refresh_on_miss(now_s):
+                snap = self._snapshot
+                arch = snap.architectures.get(architecture)
+            if arch is None:
+                raise ArchitectureNotFound(f"no architecture {architecture!r}", architecture=architecture)
+            if arch.task != task.name:
+                raise InvalidInput(
+                    f"architecture {architecture!r} serves task {arch.task!r}, not {task.name!r}",
+                    architecture=architecture,
+                )
+            table = snap.by_architecture[architecture]
+        else:
+            table = snap.by_task.get(task.name) or VariantTable(())
+        live = self.live_state(table, now_s)
+        result = table.select(rows, slo, live)
+        if isinstance(result, Infeasible):
+            raise self._infeasible_error(result, task, slo, architecture)
+        if result.load_hint is not None:
+            self._hint(result.load_hint)
+        return self._routed(result, task, live, rows)
+
+    def _route_pinned(self, task: Task, rows: int, slo: SLO, name: str, now_s: float) -> Routed:
+        snap = self._snapshot
+        entry = snap.variants.get(name)
+        if entry is None and self._refresh_on_miss(now_s):
+            snap = self._snapshot
+            entry = snap.variants.get(name)
+        if entry is None:
+            raise VariantNotFound(f"no variant {name!r}", variant=name)
+        found, profile = entry
+        arch = snap.architectures[found.architecture]
+        if arch.task != task.name:
+            raise InvalidInput(f"variant {name!r} serves task {arch.task!r}, not {task.name!r}", variant=name)
+        table = snap.by_architecture[arch.name]
+        if profile is None or name not in table:
+            raise Unavailable(
+                f"variant {name!r} has no usable profile yet; retry once it is profiled", variant=name
+            )
+        if rows > found.spec.max_batch:
+            raise InvalidInput(
+                f"{rows} rows is more than variant {name!r} accepts (at most {found.spec.max_batch})",
+                rows=rows,
+                max_rows=found.spec.max_batch,
+            )
+        live = self.live_state(table, now_s)
+        decision = table.predict(name, rows, live)
+        if decision is None:  # unreachable after the checks above; kept as a typed guard
+            raise VariantNotFound(f"no variant {name!r}", variant=name)
+        return self._routed(decision, task, live, rows)
+
+    def _routed(self, decision: Decision, task: Task, live: LiveState, rows: int) -> Routed:
+        variant, profile = self._snapshot.variants[decision.variant]
+        assert profile is not None
+        return Routed(
+            decision=decision,
+            task=task,
+            variant=variant,
+            profile=profile,
+            cold=decision.variant not in live.loaded,
+            expected_ms=profile.latency_ms(rows, "p99") + live.queue_delay_ms.get(decision.variant, 0.0),
+        )
+
+    def _infeasible_error(
+        self, result: Infeasible, task: Task, slo: SLO, architecture: str | None
+    ) -> InvalidInput | NoFeasibleVariant:
+        scope = {"task": task.name} | ({"architecture": architecture} if architecture else {})
+        if result.too_many_rows:
+            if result.max_rows == 0:
+                return NoFeasibleVariant(
+                    f"no profiled variant serves {task.name!r} yet; register or profile one", **scope
+                )
+            return InvalidInput(result.reason, rows=result.rows, max_rows=result.max_rows, **scope)
+        alternatives = {
+            "fastest_meeting_accuracy": result.fastest_at_accuracy,
+            "most_accurate_meeting_latency": result.most_accurate_at_latency,
+            "cheapest_meeting_latency_and_accuracy": result.cheapest_within_targets,
+        }
+        return NoFeasibleVariant(
+            result.reason,
+            targets={
+                "latency_ms": slo.latency_ms,
+                "min_accuracy": slo.min_accuracy,
+                "max_cost_usd_per_1k": slo.max_cost_usd_per_1k,
+            },
+            alternatives={k: (a.as_dict() if a else None) for k, a in alternatives.items()},
+            **scope,
+        )
+
+    # ---- feedback -----------------------------------------------------------------------
+    def observe(self, routed: Routed, latency_ms: float) -> None:
+        """Learn from an answered query: how far the measured latency was above the profile's
+        run time plus the predicted queueing. Cold loads are one-off and left out."""
+        if not routed.cold:
+            self.overhead.observe(latency_ms - routed.expected_ms)
+
+    def _hint(self, name: str) -> None:
+        if name in self._hinted:
+            return
+        entry = self._snapshot.variants.get(name)
+        if entry is None:
+            return
+        self._hinted.add(name)
+        task = asyncio.get_running_loop().create_task(self._load(entry[0]), name=f"load-hint:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, variant: Variant) -> None:
+        try:
+            await self._pool.ensure_loaded(variant)
+        except Exception:
+            log.exception("loading %s on the router's hint failed", variant.name)
+        finally:
+            self._hinted.discard(variant.name)
+            self._loaded.clear()
+
+    async def close(self) -> None:
+        pending = [t for t in (self._refresher, *self._tasks) if t is not None]
+        for t in pending:
+            t.cancel()
+        for t in pending:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._refresher = None

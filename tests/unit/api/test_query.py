@@ -1,0 +1,258 @@
+"""``POST /v1/query`` end to end in one process: in-memory store, in-process pool of echo models.
+
+Validation, errors, the decision in the response, and exact metering. The same path over real Ray,
+real uvicorn and real models is in tests/integration/test_query_path.py."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from infaas.api import create_app
+from infaas.settings import Settings
+from infaas.store import MemoryStore
+from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, Architecture, InputSpec, Task
+from infaas.workers.inprocess import EchoModel, InProcessPool
+from tests.unit.policy.test_selection import make_entry
+
+TASK = "toy"
+
+
+def seeded_store() -> tuple[MemoryStore, dict[str, tuple[float, float]]]:
+    store = MemoryStore()
+    task = Task(
+        name=TASK,
+        input_spec=InputSpec(shape=(2, 2)),
+        num_classes=3,
+        validation_artifact="v",
+        validation_size=10,
+    )
+    store.put_task(task)
+    entries = {
+        # name: (accuracy, base_ms); the cheap one is slow, the fast one dear
+        "cheap": make_entry(
+            "cheap",
+            "onnxruntime",
+            1,
+            accuracy=0.9,
+            base_ms=3.0,
+            per_row_ms=0.0,
+            price_usd_per_s=1e-5,
+            max_batch=8,
+        ),
+        "fast": make_entry(
+            "fast",
+            "onnxruntime",
+            2,
+            accuracy=0.9,
+            base_ms=0.2,
+            per_row_ms=0.0,
+            price_usd_per_s=4e-4,
+            max_batch=32,
+        ),
+        "sharp": make_entry(
+            "sharp",
+            "sklearn",
+            1,
+            accuracy=0.99,
+            base_ms=8.0,
+            per_row_ms=0.0,
+            price_usd_per_s=1e-5,
+            max_batch=32,
+        ),
+    }
+    for arch, (variant, profile) in entries.items():
+        store.register_architecture(
+            Architecture(name=arch, task=TASK, kind="onnx", source_sha256="0", artifact="a"), [variant], []
+        )
+        store.put_profile(profile)
+    return store, {v.name: (p.accuracy, p.cost_usd_per_1k(1)) for v, p in entries.values()}
+
+
+class AppClient:
+    """Drives an app in this thread over httpx's ASGI transport (no sockets), lifespan included."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self._loop = asyncio.new_event_loop()
+        self._lifespan = app.router.lifespan_context(app)
+        self._loop.run_until_complete(self._lifespan.__aenter__())
+        self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+    def post(self, url: str, **kw: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.post(url, **kw))
+
+    def __enter__(self) -> AppClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.aclose())
+        self._loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
+        self._loop.close()
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[AppClient, MemoryStore, dict[str, str]]]:
+    store, _ = seeded_store()
+    settings = Settings(
+        data_dir=tmp_path, admin_key="admin-key", max_request_mb=0.05, usage_flush_interval_s=60
+    )
+    pool = InProcessPool(loader=lambda v: EchoModel(v.name, num_classes=3))
+    app = create_app(settings, store=store, pool=pool)
+    with AppClient(app) as client:
+        keys = {}
+        for name in ("t1", "t2"):
+            r = client.post(
+                "/v1/admin/tenants", json={"name": name}, headers={"Authorization": "Bearer admin-key"}
+            )
+            keys[name] = r.json()["api_key"]
+        yield client, store, keys
+
+
+def post(
+    client: AppClient, key: str, body: object, raw: bytes | None = None
+) -> tuple[int, dict[str, object]]:
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    r = (
+        client.post("/v1/query", content=raw, headers=headers)
+        if raw is not None
+        else client.post("/v1/query", json=body, headers=headers)
+    )
+    return r.status_code, r.json()
+
+
+def q(**kw: object) -> dict[str, object]:
+    body: dict[str, object] = {
+        "task": TASK,
+        "inputs": [[[1, 2], [3, 4]]],
+        "latency_ms": 50,
+        "min_accuracy": 0.8,
+    }
+    body.update(kw)
+    return body
+
+
+def test_answers_on_the_cheapest_feasible_variant_with_the_decision(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, _, keys = api
+    post(client, keys["t1"], q())  # the first query also waits for the variant's load
+    status, body = post(client, keys["t1"], q(inputs=[[[1, 2], [3, 4]], [[5, 6], [7, 8]]]))
+    assert status == 200, body
+    assert body["variant"] == "cheap/onnx-cpu-fp32-t1" and body["architecture"] == "cheap"
+    assert body["outputs"] == [[1.0, 10.0, 0.0], [5.0, 26.0, 0.0]]  # echo: first feature, row sum
+    assert body["slo_met"] is True and body["accuracy"] == 0.9, body
+    assert isinstance(body["cost_pusd"], int) and body["cost_pusd"] > 0
+    assert math.isclose(body["cost_usd"], body["cost_pusd"] / 1e12)  # type: ignore[operator]
+    assert 0 < body["latency_ms"] < 50  # type: ignore[operator]
+    # tighter latency: the fast variant; higher accuracy: the sharp one; flattened rows accepted
+    assert post(client, keys["t1"], q(latency_ms=2.0))[1]["variant"] == "fast/onnx-cpu-fp32-t2"
+    assert (
+        post(client, keys["t1"], q(min_accuracy=0.95, inputs=[[1, 2, 3, 4]]))[1]["variant"]
+        == "sharp/sklearn-cpu-fp32-t1"
+    )
+
+
+def test_pinned_architecture_and_variant(api: tuple[AppClient, MemoryStore, dict[str, str]]) -> None:
+    client, _, keys = api
+    status, body = post(client, keys["t1"], q(architecture="fast"))
+    assert status == 200 and body["variant"] == "fast/onnx-cpu-fp32-t2"
+    status, body = post(client, keys["t1"], q(variant="sharp/sklearn-cpu-fp32-t1", min_accuracy=0.0))
+    assert (
+        status == 200
+        and body["variant"] == "sharp/sklearn-cpu-fp32-t1"
+        and body["reason"] == "pinned variant"
+    )
+    assert post(client, keys["t1"], q(variant="nope/onnx-cpu-fp32-t1"))[0] == 404
+    assert post(client, keys["t1"], q(architecture="nope"))[0] == 404
+    status, body = post(
+        client, keys["t1"], q(variant="cheap/onnx-cpu-fp32-t1", inputs=[[[0, 0], [0, 0]]] * 9)
+    )
+    assert status == 400 and body["max_rows"] == 8
+
+
+def test_infeasible_targets_name_the_alternatives(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, _, keys = api
+    status, body = post(client, keys["t1"], q(latency_ms=2.0, min_accuracy=0.95))
+    assert status == 422 and body["error"] == "no_feasible_variant", body
+    alts = body["alternatives"]
+    assert isinstance(alts, dict)
+    assert alts["fastest_meeting_accuracy"]["variant"] == "sharp/sklearn-cpu-fp32-t1"
+    assert alts["fastest_meeting_accuracy"]["predicted_latency_ms"] > 2.0
+    assert alts["most_accurate_meeting_latency"]["variant"] == "fast/onnx-cpu-fp32-t2"
+    assert alts["most_accurate_meeting_latency"]["accuracy"] == 0.9
+    assert body["targets"] == {"latency_ms": 2.0, "min_accuracy": 0.95, "max_cost_usd_per_1k": None}
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "needle"),
+    [
+        (b'{"task": "toy", "inputs": [[[1,2],[3,4]]], "latency_ms": 5', 400, "malformed JSON"),
+        (b"", 400, "empty body"),
+        (b'{"task": "toy", "inputs": [], "latency_ms": 5}', 400, "empty"),
+        (b'{"task": "toy", "inputs": [[[1,2],[3,NaN]]], "latency_ms": 5}', 400, ""),
+        (b'{"task": "toy", "inputs": [[[1,2],[3,1e39]]], "latency_ms": 5}', 400, "overflow"),
+        (b'{"task": "toy", "inputs": [[1,2,3]], "latency_ms": 5}', 400, "shape"),
+        (b'{"task": "toy", "inputs": [[[1,2],[3]]], "latency_ms": 5}', 400, "ragged"),
+        (b'{"task": "toy", "inputs": [[["a",2],[3,4]]], "latency_ms": 5}', 400, "non-numeric"),
+        (b'{"task": "toy", "inputs": [[[1,2],[3,4]]], "latency_ms": -1}', 400, "latency_ms"),
+        (b'{"task": "toy", "inputs": [[[1,2],[3,4]]]}', 400, "latency_ms"),
+        (b'{"task": "toy", "inputs": [[[1,2],[3,4]]], "latency_ms": 5, "extra": 1}', 400, "extra"),
+        (b"[1, 2]", 400, ""),
+        (b'{"task": "nope", "inputs": [[[1,2],[3,4]]], "latency_ms": 5}', 404, "no task"),
+    ],
+)
+def test_bad_queries_get_4xx_json_errors(
+    api: tuple[AppClient, MemoryStore, dict[str, str]], raw: bytes, status: int, needle: str
+) -> None:
+    client, _, keys = api
+    got, body = post(client, keys["t1"], None, raw=raw)
+    assert got == status, body
+    assert set(body) >= {"error", "detail"} and needle in str(body["detail"])
+
+
+def test_too_many_rows_and_too_large_a_body(api: tuple[AppClient, MemoryStore, dict[str, str]]) -> None:
+    client, _, keys = api
+    status, body = post(client, keys["t1"], q(inputs=[[[0, 0], [0, 0]]] * 33))
+    assert status == 400 and body["max_rows"] == 32 and "more than any variant accepts" in str(body["detail"])
+    status, body = post(client, keys["t1"], q(inputs=[[[0.123456789] * 2] * 2] * 4000))
+    assert status == 413 and body["error"] == "payload_too_large"
+
+
+def test_without_a_key_401(api: tuple[AppClient, MemoryStore, dict[str, str]]) -> None:
+    client, _, _ = api
+    assert client.post("/v1/query", json=q()).status_code == 401
+
+
+def test_usage_is_exactly_the_sum_of_charged_costs_per_tenant(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, store, keys = api
+    charged = {"t1": 0, "t2": 0}
+    counts = {"t1": 0, "t2": 0}
+    for i in range(12):
+        tenant = "t1" if i % 3 else "t2"
+        status, body = post(
+            client, keys[tenant], q(inputs=[[[i, 1], [2, 3]]] * (1 + i % 4), latency_ms=2.0 + 50 * (i % 2))
+        )
+        assert status == 200, body
+        charged[tenant] += int(body["cost_pusd"])  # type: ignore[call-overload]
+        counts[tenant] += 1
+    post(client, keys["t1"], q(task="nope"))  # failures are not charged
+    client.app.state.meter.flush()
+    for tenant in ("t1", "t2"):
+        rows = store.usage(tenant=tenant)
+        assert sum(r.counters[COUNTER_COST_PUSD] for r in rows) == charged[tenant]
+        assert sum(r.counters[COUNTER_QUERIES] for r in rows) == counts[tenant]
