@@ -1,0 +1,131 @@
+"""Admin views over real HTTP, a real SQLite store and real /v1/query traffic: roles, tenant
+isolation, the usage API against the responses, /metrics against the usage API, the fleet view."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from infaas.metrics import OTHER
+from infaas.settings import Settings
+from infaas.types import UsageDelta, UsageKey
+from tests.integration.conftest import LiveServer
+from tests.integration.traffic import send_traffic, wait_for_usage, zoo_server
+
+ADMIN_ROUTES = ("/v1/admin/usage", "/v1/admin/fleet", "/metrics")
+
+
+def test_tenant_key_gets_403_on_admin_routes_and_sees_only_its_own_usage(live_server: LiveServer) -> None:
+    key_a = live_server.new_tenant("acme")
+    live_server.new_tenant("beta")
+    minute = int(time.time() // 60)
+    store = live_server.app.state.store
+    store.add_usage(
+        [
+            UsageDelta(
+                key=UsageKey(tenant=t, task="digits", variant="v1", minute=minute - back),
+                counters={"queries": q, "cost_pusd": c, "slo_met": q, "lat_le_2": q},
+            )
+            for t, q, c, back in [("acme", 3, 300, 0), ("acme", 2, 7, 5), ("beta", 50, 10**9, 0)]
+        ]
+    )
+    window = {"from": str((minute - 30) * 60), "to": str((minute + 1) * 60), "step": "10m"}
+    with live_server.client(key_a) as tenant:
+        for path in ADMIN_ROUTES:
+            r = tenant.get(path)
+            assert r.status_code == 403, path
+            assert r.json()["error"] == "forbidden"
+        own = tenant.get("/v1/usage", params=window)
+        assert own.status_code == 200, own.text
+        assert tenant.get("/v1/usage", params={"step": "90s"}).status_code == 400
+    mine = own.json()
+    assert [t["tenant"] for t in mine["tenants"]] == ["acme"]
+    assert mine["totals"]["queries"] == 5 and mine["totals"]["cost_pusd"] == 307
+    assert "beta" not in own.text
+    with live_server.client(live_server.admin_key) as admin:
+        assert admin.get("/v1/admin/usage", params=window | {"tenant": "acme"}).json() == mine
+        everyone = admin.get("/v1/admin/usage", params=window).json()
+        assert [t["tenant"] for t in everyone["tenants"]] == ["acme", "beta"]
+        assert everyone["totals"]["queries"] == 55
+        assert admin.get("/v1/usage").status_code == 403  # the admin is not a tenant
+    with live_server.client() as anonymous:
+        for path in (*ADMIN_ROUTES, "/v1/usage"):
+            assert anonymous.get(path).status_code == 401, path
+
+
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def test_usage_and_metrics_match_the_responses_of_real_traffic(small_zoo: Settings, tmp_path: Path) -> None:
+    with zoo_server(small_zoo, tmp_path) as server:
+        keys = {"acme": server.new_tenant("acme"), "beta": server.new_tenant("beta")}
+        sent = send_traffic(server, keys, {"acme": 24, "beta": 9})
+        report = wait_for_usage(server, expected_queries=33)
+        with server.client(server.admin_key) as admin:
+            metrics = admin.get("/metrics")
+            fleet = admin.get("/v1/admin/fleet").json()
+    assert metrics.headers["content-type"].startswith("text/plain")
+
+    # The usage API against what each response said it charged (exact integer pico-dollars).
+    tenants = {t["tenant"]: t for t in report["tenants"]}
+    assert set(tenants) == {"acme", "beta"}
+    for name in ("acme", "beta"):
+        totals = tenants[name]["totals"]
+        assert totals["queries"] == sent.queries[name]
+        assert totals["cost_pusd"] == sent.cost_pusd[name]
+        assert totals["cost_pusd"] > 0
+        assert sum(p["stats"]["queries"] for p in tenants[name]["series"]) == sent.queries[name]
+        by_variant = {v["variant"]: v["stats"]["queries"] for v in tenants[name]["by_variant"]}
+        assert by_variant == {v: n for (t, v), n in sent.by_variant.items() if t == name}
+        assert {t["task"] for t in tenants[name]["by_task"]} == {
+            "digits-classification",
+            "breast-cancer-classification",
+        }
+        assert totals["p99_ms"] is not None and totals["slo_attainment"] is not None
+
+    # /metrics parses, and its counters match the usage API.
+    samples = metric_samples(metrics.text)
+    answered: dict[str, float] = defaultdict(float)
+    answered_by_variant: dict[tuple[str, str], float] = defaultdict(float)
+    failed: dict[tuple[str, str, str], float] = defaultdict(float)
+    cost_usd: dict[str, float] = {}
+    for name, labels, value in samples:
+        if name == "infaas_requests_total":
+            if labels["outcome"] in ("ok", "slo_missed"):
+                answered[labels["tenant"]] += value
+                answered_by_variant[(labels["tenant"], labels["variant"])] += value
+            else:
+                failed[(labels["tenant"], labels["task"], labels["outcome"])] += value
+        elif name == "infaas_cost_usd_total":
+            cost_usd[labels["tenant"]] = value
+    for name in ("acme", "beta"):
+        assert answered[name] == tenants[name]["totals"]["queries"]
+        assert cost_usd[name] == tenants[name]["totals"]["cost_usd"]
+        for v in tenants[name]["by_variant"]:
+            assert answered_by_variant[(name, v["variant"])] == v["stats"]["queries"]
+        # The failed query's made-up task name became no label of its own.
+        assert failed[(name, OTHER, "task_not_found")] == 1
+    assert not any("no-such-task" in str(labels) for _, labels, _ in samples)
+    latency_count = sum(v for n, labels, v in samples if n == "infaas_request_latency_seconds_count")
+    assert latency_count == 33 + 2
+    assert any(n == "infaas_worker_loaded_variants" and v >= 1 for n, _, v in samples)
+    assert any(n == "infaas_batch_size_rows_count" for n, _, _ in samples)
+
+    # The fleet view: the in-process worker, what it loaded and why, and where tasks were routed.
+    assert [w["worker_id"] for w in fleet["workers"]] == ["inprocess-0"]
+    loaded = set(fleet["workers"][0]["loaded"])
+    assert {v for (_, v) in sent.by_variant} <= loaded
+    kinds = {e["kind"] for e in fleet["events"]}
+    assert {"load", "route"} <= kinds
+    assert all(e["reason"] for e in fleet["events"])
+    routed = {e["variant"] for e in fleet["events"] if e["kind"] == "route"}
+    assert routed <= {v for (_, v) in sent.by_variant}
+    assert [e["at_s"] for e in fleet["events"]] == sorted((e["at_s"] for e in fleet["events"]), reverse=True)
