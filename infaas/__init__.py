@@ -5,9 +5,10 @@ Send a task, inputs and targets; infaas picks the cheapest model variant that me
 
 from __future__ import annotations
 
+from infaas.client import Client, QueryResult
 from infaas.errors import InfaasError
 from infaas.settings import Settings
 
-__all__ = ["InfaasError", "Settings", "__version__"]
+__all__ = ["Client", "InfaasError", "QueryResult", "Settings", "__version__"]
 
 __version__ = "0.1.0"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -246,6 +247,119 @@ def zoo_install(
         raise typer.Exit(1) from exc
     finally:
         store.close()
+
+
+@app.command("query")
+def query(
+    task: str = typer.Argument(..., help="Task name (`GET /v1/tasks` lists them)."),
+    key: str = typer.Option(..., "--key", help="Your tenant API key (from POST /v1/admin/tenants)."),
+    latency_ms: float = typer.Option(..., "--latency-ms", help="End-to-end latency bound at the server."),
+    min_accuracy: float = typer.Option(0.0, "--min-accuracy", help="Minimum validation accuracy, 0..1."),
+    max_cost: float | None = typer.Option(None, "--max-cost-usd-per-1k", help="Cost cap per 1 000 rows."),
+    inputs: str | None = typer.Option(
+        None, "--inputs", help="Rows as JSON, or @file (.json or .npy). Default: --random-rows."
+    ),
+    random_rows: int = typer.Option(
+        1, "--random-rows", min=1, help="Without --inputs: this many random rows."
+    ),
+    architecture: str | None = typer.Option(
+        None, "--architecture", help="Pin a model; infaas picks its variant."
+    ),
+    variant: str | None = typer.Option(None, "--variant", help="Pin an exact variant."),
+    url: str | None = typer.Option(
+        None, "--url", help="Server URL (default: http://INFAAS_HOST:INFAAS_PORT)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the raw answer as JSON."),
+) -> None:
+    """Send one query and show which variant answered, how fast, and what it cost."""
+    import numpy as np
+    from rich.table import Table
+
+    from infaas.client import Client
+    from infaas.errors import InfaasError, NoFeasibleVariant
+
+    settings = load_settings()
+    server = url or f"http://{settings.host}:{settings.port}"
+    with Client(server, key) as client:
+        try:
+            rows = _query_inputs(client.tasks, task, inputs, random_rows)
+            result = client.query(
+                task,
+                rows,
+                latency_ms=latency_ms,
+                min_accuracy=min_accuracy,
+                max_cost_usd_per_1k=max_cost,
+                architecture=architecture,
+                variant=variant,
+            )
+        except NoFeasibleVariant as exc:
+            console.print(f"[red]no feasible variant:[/] {exc.message}")
+            alternatives = exc.fields.get("alternatives") or {}
+            table = Table("alternative", "variant", "accuracy", "predicted ms", "USD per 1k")
+            for label, alt in alternatives.items():
+                if alt:
+                    table.add_row(
+                        label.replace("_", " "),
+                        alt["variant"],
+                        f"{alt['accuracy']:.4f}",
+                        f"{alt['predicted_latency_ms']:.3f}",
+                        f"{alt['cost_usd_per_1k']:.3g}",
+                    )
+            console.print(table)
+            console.print("Next: relax --latency-ms or --min-accuracy to one of the alternatives' numbers.")
+            raise typer.Exit(1) from exc
+        except InfaasError as exc:
+            console.print(f"[red]error:[/] {exc.message}")
+            raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps({**result.__dict__, "outputs": result.outputs.tolist()}))
+        return
+    table = Table("variant", "accuracy", "predicted ms", "measured ms", "SLO met", "cost USD", "batch rows")
+    table.add_row(
+        result.variant,
+        f"{result.accuracy:.4f}",
+        f"{result.predicted_latency_ms:.3f}",
+        f"{result.latency_ms:.3f}",
+        "[green]yes[/]" if result.slo_met else "[red]no[/]",
+        f"{result.cost_usd:.3e}",
+        str(result.batch_rows),
+    )
+    console.print(table)
+    console.print(f"predicted classes: {np.argmax(result.outputs, axis=1).tolist()}  ({result.reason})")
+    if result.load_hint:
+        console.print(f"cheaper variant being loaded for next time: {result.load_hint}")
+
+
+def _query_inputs(
+    list_tasks: Callable[[], list[dict[str, Any]]], task: str, inputs: str | None, random_rows: int
+) -> list[object]:
+    """Rows from --inputs (JSON or @file), else random rows of the task's input shape."""
+    import numpy as np
+
+    from infaas.errors import InvalidInput, TaskNotFound
+
+    if inputs is not None:
+        if inputs.startswith("@"):
+            path = Path(inputs[1:])
+            if path.suffix == ".npy":
+                loaded: list[object] = np.load(path).tolist()
+                return loaded
+            text = path.read_text()
+        else:
+            text = inputs
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"--inputs is not JSON ({exc}); pass rows like [[0.1, 0.2, ...]]") from exc
+        if not isinstance(rows, list):
+            raise InvalidInput("--inputs must be a JSON list of rows")
+        return rows
+    spec = next((t for t in list_tasks() if t["name"] == task), None)
+    if spec is None:
+        raise TaskNotFound(f"no task {task!r}; `infaas models` lists what is registered")
+    rng = np.random.default_rng(0)
+    random: list[object] = rng.random((random_rows, *spec["input_shape"])).tolist()
+    return random
 
 
 def main() -> None:

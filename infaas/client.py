@@ -1,0 +1,145 @@
+"""The Python client: ``infaas.Client(url, api_key).query(task, inputs, latency_ms=..., ...)``.
+
+Server errors come back as the same `infaas.errors` classes the server raised (matched by their
+``error`` code), with the body's structured fields in ``err.fields`` (e.g. the alternatives of a
+`NoFeasibleVariant`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from infaas import errors
+
+__all__ = ["Client", "QueryResult"]
+
+
+def _error_classes() -> dict[str, type[errors.InfaasError]]:
+    found: dict[str, type[errors.InfaasError]] = {}
+    pending: list[type[errors.InfaasError]] = [errors.InfaasError]
+    while pending:
+        cls = pending.pop()
+        found[cls.code] = cls
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE = _error_classes()
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """One answer, with the decision that produced it."""
+
+    outputs: np.ndarray  # rows × classes
+    variant: str
+    architecture: str
+    accuracy: float
+    predicted_latency_ms: float
+    latency_ms: float  # measured at the server, from receipt to reply
+    cost_usd: float
+    cost_pusd: int
+    slo_met: bool
+    batch_rows: int
+    reason: str
+    load_hint: str | None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> QueryResult:
+        return cls(
+            outputs=np.asarray(body["outputs"], dtype=np.float32),
+            variant=body["variant"],
+            architecture=body["architecture"],
+            accuracy=float(body["accuracy"]),
+            predicted_latency_ms=float(body["predicted_latency_ms"]),
+            latency_ms=float(body["latency_ms"]),
+            cost_usd=float(body["cost_usd"]),
+            cost_pusd=int(body["cost_pusd"]),
+            slo_met=bool(body["slo_met"]),
+            batch_rows=int(body["batch_rows"]),
+            reason=str(body["reason"]),
+            load_hint=body.get("load_hint"),
+        )
+
+
+class Client:
+    """A synchronous client for one infaas server and one API key."""
+
+    def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def query(
+        self,
+        task: str,
+        inputs: np.ndarray | Sequence[Any],
+        *,
+        latency_ms: float,
+        min_accuracy: float = 0.0,
+        max_cost_usd_per_1k: float | None = None,
+        architecture: str | None = None,
+        variant: str | None = None,
+    ) -> QueryResult:
+        """Answer `inputs` (rows of the task's input shape) within `latency_ms` at `min_accuracy`;
+        pin an `architecture` (infaas picks its variant) or an exact `variant` if you must."""
+        rows = inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs)
+        body = {
+            "task": task,
+            "inputs": rows,
+            "latency_ms": latency_ms,
+            "min_accuracy": min_accuracy,
+            "max_cost_usd_per_1k": max_cost_usd_per_1k,
+            "architecture": architecture,
+            "variant": variant,
+        }
+        return QueryResult.from_json(self._request("POST", "/v1/query", json=body))
+
+    def usage(self, **params: str) -> dict[str, Any]:
+        """This key's own usage (``GET /v1/usage``; params such as ``from_="1h"`` pass through)."""
+        query = {k.rstrip("_"): v for k, v in params.items()}
+        result: dict[str, Any] = self._request("GET", "/v1/usage", params=query)
+        return result
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """The tasks the server knows, with their input shape and architectures."""
+        result: list[dict[str, Any]] = self._request("GET", "/v1/tasks")
+        return result
+
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise errors.Unavailable(
+                f"cannot reach infaas at {self.url}: {exc}; is `infaas serve` running there?"
+            ) from exc
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success and body is not None:
+            return body
+        if isinstance(body, dict) and "error" in body:
+            fields = {k: v for k, v in body.items() if k not in ("error", "detail")}
+            cls = _BY_CODE.get(str(body["error"]), errors.InfaasError)
+            err = cls(str(body.get("detail", "")), status=response.status_code, **fields)
+            raise err
+        raise errors.InfaasError(
+            f"HTTP {response.status_code} from {self.url}{path}: {response.text[:200]}",
+            status=response.status_code,
+        )
