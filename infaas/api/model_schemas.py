@@ -35,6 +35,9 @@ class ModelMetadata(_Wire):
     name: str = Field(pattern=NAME_PATTERN, description="architecture name, e.g. digits-cnn")
     task: str = Field(pattern=NAME_PATTERN, description="task name; created by its first architecture")
     description: str = Field(default="", max_length=500)
+    profile: bool = Field(
+        default=True, description="measure the new variants now (false: later, with `infaas profile`)"
+    )
 
 
 class ArchitectureOut(_Wire):

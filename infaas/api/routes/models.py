@@ -119,6 +119,7 @@ async def register_model(
             filename=filename,
             owner=principal.name,
             role=principal.role,
+            profile=meta.profile,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
