@@ -1,0 +1,112 @@
+"""The admin dashboard in headless Chromium (Debian's package, driven by Playwright): a real server,
+real queries from two tenants, and the page's tenant table checked against `/v1/admin/usage`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from infaas.settings import Settings
+from tests.integration.conftest import LiveServer
+from tests.integration.traffic import send_traffic, wait_for_usage, zoo_server
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def table_rows(page: Page) -> dict[str, dict[str, str]]:
+    rows: dict[str, dict[str, str]] = {}
+    for tr in page.locator("#tenants-table tbody tr[data-tenant]").all():
+        name = tr.get_attribute("data-tenant")
+        assert name is not None
+        cost = tr.locator("td.cost")
+        rows[name] = {
+            "queries": tr.locator("td.queries").inner_text(),
+            "cost_text": cost.inner_text(),
+            "cost_usd": cost.get_attribute("data-cost-usd") or "",
+        }
+    return rows
+
+
+def assert_table_matches(rows: dict[str, dict[str, str]], report: dict[str, Any]) -> None:
+    assert set(rows) == {t["tenant"] for t in report["tenants"]}
+    for tenant in report["tenants"]:
+        shown = rows[tenant["tenant"]]
+        totals = tenant["totals"]
+        assert int(shown["queries"]) == totals["queries"]
+        assert float(shown["cost_usd"]) == totals["cost_usd"]
+        # What a person reads: 4 significant digits of the same amount.
+        assert shown["cost_text"].startswith("$")
+        assert float(shown["cost_text"][1:]) == pytest.approx(totals["cost_usd"], rel=1e-3)
+
+
+def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (.ci/run does)")
+    with zoo_server(small_zoo, tmp_path) as server, sync_playwright() as pw:
+        keys = {"acme": server.new_tenant("acme"), "beta": server.new_tenant("beta")}
+        sent = send_traffic(server, keys, {"acme": 12, "beta": 5})
+        report = wait_for_usage(server, expected_queries=17)
+        assert {t["tenant"]: t["totals"]["queries"] for t in report["tenants"]} == sent.queries
+
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            requested: list[str] = []
+            page.on("request", lambda req: requested.append(req.url))
+            page.goto(f"{server.url}/dashboard")
+
+            # A tenant key is refused with a message, and the page asks again.
+            page.fill("#admin-key", keys["acme"])
+            page.click("#login-button")
+            page.wait_for_selector("#login-error:has-text('admin key')")
+            assert page.evaluate("sessionStorage.getItem('infaas.adminKey')") is None
+
+            page.fill("#admin-key", server.admin_key)
+            page.press("#admin-key", "Enter")
+            page.wait_for_selector("#tenants-table tbody tr[data-tenant='beta']")
+            assert_table_matches(table_rows(page), fetch_usage(server))
+            assert page.evaluate("sessionStorage.getItem('infaas.adminKey')") == server.admin_key
+
+            # The charts and the fleet view are drawn from the same data.
+            assert page.locator("#cost-chart svg rect[data-tenant='acme']").count() >= 1
+            assert page.locator("#variant-chart svg rect").count() >= 1
+            assert page.locator("#workers-table tbody tr[data-worker='inprocess-0']").count() == 1
+            assert page.locator("#events-table tbody tr[data-kind='route']").count() >= 1
+
+            # It refreshes itself: more traffic shows up without a reload.
+            more = send_traffic(server, {"beta": keys["beta"]}, {"beta": 3})
+            expected_beta = sent.queries["beta"] + more.queries["beta"]
+            page.wait_for_selector(
+                f"#tenants-table tr[data-tenant='beta'] td.queries[data-queries='{expected_beta}']",
+                timeout=15000,
+            )
+            assert_table_matches(table_rows(page), fetch_usage(server))
+
+            page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+            assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+            # The key never travels in a URL, and nothing is fetched from anywhere but the server.
+            assert requested and all(url.startswith(server.url) for url in requested)
+            assert not any(server.admin_key in url or keys["acme"] in url for url in requested)
+        finally:
+            browser.close()
+
+
+def fetch_usage(server: LiveServer) -> dict[str, Any]:
+    with server.client(server.admin_key) as admin:
+        report: dict[str, Any] = admin.get("/v1/admin/usage", params={"from": "1h"}).json()
+        return report
