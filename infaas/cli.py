@@ -362,5 +362,38 @@ def _query_inputs(
     return random
 
 
+@app.command("usage")
+def usage(
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant (the admin key sees all)."),
+    since: str = typer.Option("1h", "--since", help="Window start: 15m, 1h, 7d, ISO 8601 or epoch seconds."),
+    step: str | None = typer.Option(None, "--step", help="Bucket size (whole minutes); default automatic."),
+    key: str | None = typer.Option(
+        None, "--key", help="API key (default: the admin key in INFAAS_ADMIN_KEY or data_dir)."
+    ),
+    url: str | None = typer.Option(None, "--url", help="Server URL (default: http://INFAAS_HOST:INFAAS_PORT)."),
+) -> None:
+    """Queries, cost, SLO attainment and p50/p99 per tenant, and cost by variant (as /dashboard)."""
+    from infaas.errors import InfaasError
+    from infaas.usage_table import fetch_usage_report, tenants_table, variants_table, window_line
+
+    settings = load_settings()
+    server = url or f"http://{settings.host}:{settings.port}"
+    api_key = key or settings.admin_key
+    if api_key is None and settings.admin_key_path.exists():
+        api_key = settings.admin_key_path.read_text().strip()
+    if not api_key:
+        console.print(f"[red]error:[/] no key: pass --key, or run where {settings.admin_key_path} exists")
+        raise typer.Exit(1)
+    try:
+        report, is_admin = fetch_usage_report(server, api_key, since=since, tenant=tenant, step=step)
+    except InfaasError as exc:
+        console.print(f"[red]error:[/] {exc.message}")
+        raise typer.Exit(1) from exc
+    who = "all tenants" if is_admin and tenant is None else ", ".join(t.tenant for t in report.tenants)
+    console.print(f"[bold]{who}[/]: {window_line(report)}")
+    console.print(tenants_table(report))
+    if report.by_variant:
+        console.print(variants_table(report))
+
 def main() -> None:
     app()

@@ -8,7 +8,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
+from infaas.cli import app
 from infaas.metrics import OTHER
 from infaas.settings import Settings
 from infaas.types import UsageDelta, UsageKey
@@ -72,6 +74,12 @@ def test_usage_and_metrics_match_the_responses_of_real_traffic(small_zoo: Settin
         with server.client(server.admin_key) as admin:
             metrics = admin.get("/metrics")
             fleet = admin.get("/v1/admin/fleet").json()
+        cli = CliRunner()
+        as_admin = cli.invoke(app, ["usage", "--url", server.url, "--key", server.admin_key, "--since", "1h"])
+        as_acme = cli.invoke(app, ["usage", "--url", server.url, "--key", keys["acme"]])
+        acme_asks_for_beta = cli.invoke(
+            app, ["usage", "--url", server.url, "--key", keys["acme"], "--tenant", "beta"]
+        )
     assert metrics.headers["content-type"].startswith("text/plain")
 
     # The usage API against what each response said it charged (exact integer pico-dollars).
@@ -90,6 +98,17 @@ def test_usage_and_metrics_match_the_responses_of_real_traffic(small_zoo: Settin
             "breast-cancer-classification",
         }
         assert totals["p99_ms"] is not None and totals["slo_attainment"] is not None
+
+    # `infaas usage` prints the same numbers: every tenant for the admin, its own for a tenant.
+    assert as_admin.exit_code == 0, as_admin.output
+    for name in ("acme", "beta"):
+        line = next(ln for ln in as_admin.output.splitlines() if f" {name} " in ln)
+        assert f" {sent.queries[name]} " in line
+        assert f"{tenants[name]['totals']['cost_usd']:.3e}" in line
+    assert "all tenants" in as_admin.output and "cost by variant" in as_admin.output
+    assert as_acme.exit_code == 0, as_acme.output
+    assert " acme " in as_acme.output and "beta" not in as_acme.output
+    assert acme_asks_for_beta.exit_code == 1 and "cannot read 'beta'" in acme_asks_for_beta.output
 
     # /metrics parses, and its counters match the usage API.
     samples = metric_samples(metrics.text)
