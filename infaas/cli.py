@@ -370,7 +370,9 @@ def usage(
     key: str | None = typer.Option(
         None, "--key", help="API key (default: the admin key in INFAAS_ADMIN_KEY or data_dir)."
     ),
-    url: str | None = typer.Option(None, "--url", help="Server URL (default: http://INFAAS_HOST:INFAAS_PORT)."),
+    url: str | None = typer.Option(
+        None, "--url", help="Server URL (default: http://INFAAS_HOST:INFAAS_PORT)."
+    ),
 ) -> None:
     """Queries, cost, SLO attainment and p50/p99 per tenant, and cost by variant (as /dashboard)."""
     from infaas.errors import InfaasError
@@ -394,6 +396,7 @@ def usage(
     console.print(tenants_table(report))
     if report.by_variant:
         console.print(variants_table(report))
+
 
 def main() -> None:
     app()
