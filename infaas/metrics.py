@@ -98,9 +98,9 @@ class LabelBounds:
         self._lock = threading.Lock()
 
     def __call__(self, value: str) -> str:
+        if value in self._seen:  # the hot path: set reads need no lock, and values never leave
+            return value
         with self._lock:
-            if value in self._seen:
-                return value
             now = self._clock()
             stale = self._loaded_at is None or now - self._loaded_at >= self._refresh_s
             if value not in self._known and stale:
@@ -220,6 +220,7 @@ class Metrics:
             buckets=BATCH_ROWS_BUCKETS,
             registry=self.registry,
         )
+        self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram, Histogram]] = {}
         self._cost = _CostCollector()
         self.registry.register(self._cost)
         self.registry.register(_FleetCollector(sources, self.variants))
@@ -243,12 +244,22 @@ class Metrics:
             self.variants(variant or NONE),
             outcome if outcome in OUTCOMES else OTHER,
         )
-        self._requests.labels(*labels).inc()
-        self._latency.labels(*labels).observe(latency_ms / 1000.0)
+        # This runs once per query on the event loop: resolve the labelled children once per label
+        # set (prometheus-client's `labels()` costs ~2.5 µs a call; a dict hit ~0.1 µs).
+        children = self._children.get(labels)
+        if children is None:
+            children = self._children[labels] = (
+                self._requests.labels(*labels),
+                self._latency.labels(*labels),
+                self._batch_rows.labels(labels[2]),
+            )
+        requests, latency, batch = children
+        requests.inc()
+        latency.observe(latency_ms / 1000.0)
         if cost_pusd:
             self._cost.add(labels[0], cost_pusd)
         if batch_rows > 0:
-            self._batch_rows.labels(labels[2]).observe(batch_rows)
+            batch.observe(batch_rows)
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4)."""
