@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from infaas.errors import ArchitectureNotFound, TaskNotFound, VariantNotFound
@@ -71,6 +72,7 @@ class WorkerJob(BaseModel):
     validation_path: str
     config: MeasureConfig
     loader: str = DEFAULT_LOADER
+    input_dtype: str = "float32"
 
 
 class WorkerResult(BaseModel):
@@ -109,6 +111,10 @@ def _measure(job: WorkerJob) -> Measurement:
         importlib.import_module(framework)
     load = _resolve_loader(job.loader)
     x, y = load_validation(Path(job.validation_path))
+    # Served queries arrive in the task's dtype; a validation set saved as float64 must not make
+    # the measured variant convert every batch (or fail) where serving would not.
+    x = np.ascontiguousarray(x, dtype=np.dtype(job.input_dtype))
+    y = y.astype(np.int64)
     clock = time.perf_counter
     rss_before_mb = _rss_mb()
     t0 = clock()
@@ -284,6 +290,7 @@ class ProcessProfiler:
                 validation_path=str(self.settings.artifacts_dir / task.validation_artifact),
                 config=self.config,
                 loader=self.loader,
+                input_dtype=task.input_spec.dtype,
             )
             job_path, result_path, log_path = tmp_dir / "job.json", tmp_dir / "result.json", tmp_dir / "log"
             job_path.write_text(job.model_dump_json())

@@ -56,7 +56,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         est, initial_types=[("x", FloatTensorType([None, 64]))], options={id(est): {"zipmap": False}}
     )
     (art / "models" / "lr.onnx").write_bytes(onx.SerializeToString())
-    np.savez(art / "val.npz", x=x_val, y=y_val)
+    # Saved as float64 on purpose: the profiler feeds variants the task's dtype (float32).
+    np.savez(art / "val.npz", x=x_val.astype(np.float64), y=y_val)
     task = Task(
         name="digits-test",
         input_spec=InputSpec(shape=(64,)),
