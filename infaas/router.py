@@ -35,9 +35,9 @@ from infaas.errors import (
     Unavailable,
     VariantNotFound,
 )
-from infaas.policy.selection import Infeasible, LiveState, VariantTable
+from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
 from infaas.store import MetadataStore
-from infaas.types import SLO, Architecture, Decision, Profile, Task, Variant
+from infaas.types import SLO, Architecture, Profile, Task, Variant
 from infaas.workers.base import Batcher, WorkerPool
 
 __all__ = ["OverheadTracker", "Routed", "Router", "Snapshot"]
@@ -153,7 +153,7 @@ class Snapshot:
 class Routed:
     """A decision with what the query path needs to carry it out and to learn from it."""
 
-    decision: Decision
+    decision: Choice  # a `Decision`'s fields (`decision.to_decision()` for the model)
     task: Task
     variant: Variant
     profile: Profile
@@ -333,7 +333,7 @@ class Router:
             raise VariantNotFound(f"no variant {name!r}", variant=name)
         return self._routed(decision, task, live, rows)
 
-    def _routed(self, decision: Decision, task: Task, live: LiveState, rows: int) -> Routed:
+    def _routed(self, decision: Choice, task: Task, live: LiveState, rows: int) -> Routed:
         variant, profile = self._snapshot.variants[decision.variant]
         assert profile is not None
         return Routed(

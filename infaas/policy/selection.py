@@ -2,7 +2,7 @@
 
 Pure: plain data in (a `VariantTable` snapshot of variants and profiles, the query's rows and SLO,
 and a `LiveState` of loaded variants, queueing delays and the path's measured overhead), a
-`Decision` or an `Infeasible` out. No I/O and no clock; the router owns those.
+`Choice` (a `Decision`'s fields) or an `Infeasible` out. No I/O and no clock; the router owns those.
 
 The rule, for a query of `rows` rows:
 
@@ -20,10 +20,10 @@ costs no more per row, so this is what the tenant will be charged at most.
 Speed: a `VariantTable` is built once per scope (a task, or a pinned architecture) and caches, per
 row count, the variants sorted by cost together with their Pareto frontier over (cost, latency,
 accuracy). A variant off the frontier is dominated by a frontier variant that is at least as cheap,
-fast and accurate, so it can only be the answer when its dominator is pushed out by live state
-(its queue), and variants with live state are examined individually. So a decision walks a short
-frontier plus the few live variants; only when a frontier variant is shut out by its own queue does
-it fall back to the full cost-ordered scan, which is exact.
+fast and accurate, so it can only be the answer when it ties on cost (loaded ones win ties) or
+when its dominator is pushed out by its queue. So a decision walks a short frontier, looks at the
+run of equal costs, and at the loaded variants only when the cheapest is cold; only when a frontier
+variant is shut out by its own queue does it fall back to the full cost-ordered scan (exact).
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from infaas.types import SLO, Decision, Profile, Variant
 
 __all__ = [
     "Alternative",
+    "Choice",
     "Infeasible",
     "LiveState",
     "VariantTable",
@@ -54,8 +56,23 @@ class LiveState:
     overhead_ms: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Alternative:
+class Choice(NamedTuple):
+    """The policy's answer: a `Decision`'s fields as a tuple, because building the pydantic model
+    costs ~4 µs, as much as the decision itself (`to_decision` builds it when wanted)."""
+
+    variant: str
+    architecture: str
+    predicted_latency_ms: float
+    cost_usd_per_1k: float
+    accuracy: float
+    reason: str
+    load_hint: str | None
+
+    def to_decision(self) -> Decision:
+        return Decision(**self._asdict())
+
+
+class Alternative(NamedTuple):
     """A variant offered when nothing meets the targets, with the numbers that rule it out."""
 
     variant: str
@@ -74,14 +91,14 @@ class Alternative:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Infeasible:
+class Infeasible(NamedTuple):
     """No variant meets the targets. `max_rows` is the largest batch any variant in scope accepts
-    (0 when the scope has no servable variant), so a caller can tell "too many rows" apart."""
+    (0 when the scope has no servable variant), so a caller can tell "too many rows" apart.
+    (Tuples, not dataclasses: an infeasible answer must be as cheap to make as a feasible one.)"""
 
-    reason: str
     rows: int
     max_rows: int
+    slo: SLO
     fastest_at_accuracy: Alternative | None = None
     most_accurate_at_latency: Alternative | None = None
     cheapest_within_targets: Alternative | None = None
@@ -90,12 +107,36 @@ class Infeasible:
     def too_many_rows(self) -> bool:
         return self.rows > self.max_rows
 
+    @property
+    def reason(self) -> str:
+        if self.rows < 1 or self.rows > self.max_rows:
+            if self.max_rows == 0:
+                return f"{self.rows} rows: no variant in scope is servable"
+            return f"{self.rows} rows is more than any variant accepts (at most {self.max_rows})"
+        slo = self.slo
+        text = f"no variant meets latency <= {slo.latency_ms:g} ms and accuracy >= {slo.min_accuracy:g}"
+        if slo.max_cost_usd_per_1k is not None:
+            text += f" at cost <= {slo.max_cost_usd_per_1k:g} USD per 1k"
+        return text
+
 
 class _View:
     """The variants that accept `rows` rows, with their numbers at that row count, sorted by
     (cost, latency, -accuracy, name), and the positions of the Pareto frontier in that order."""
 
-    __slots__ = ("accs", "archs", "costs", "frontier", "lats", "load_ms", "names", "pos")
+    __slots__ = (
+        "_alt_index",
+        "_loaded_key",
+        "_loaded_order",
+        "accs",
+        "archs",
+        "costs",
+        "frontier",
+        "lats",
+        "load_ms",
+        "names",
+        "pos",
+    )
 
     def __init__(self, entries: Sequence[tuple[Variant, Profile]], rows: int) -> None:
         rowsets: list[tuple[float, float, float, str, str, float]] = []
@@ -121,6 +162,25 @@ class _View:
         self.load_ms = [r[5] for r in rowsets]
         self.pos = {name: i for i, name in enumerate(self.names)}
         self.frontier = self._pareto()
+        self._alt_index: _AltIndex | None = None
+        self._loaded_key: frozenset[str] | None = None
+        self._loaded_order: list[int] = []
+
+    def loaded_by_cost(self, loaded: frozenset[str]) -> list[int]:
+        """Positions of the loaded variants in cost order; remembered for the last loaded set
+        (the router reuses one set object while the fleet does not change)."""
+        if loaded is not self._loaded_key:
+            pos = self.pos
+            self._loaded_order = sorted(pos[n] for n in loaded if n in pos)
+            self._loaded_key = loaded
+        return self._loaded_order
+
+    @property
+    def alt_index(self) -> _AltIndex:
+        """Built on the first infeasible query at this row count."""
+        if self._alt_index is None:
+            self._alt_index = _AltIndex(self)
+        return self._alt_index
 
     def _pareto(self) -> list[int]:
         # In cost order, a variant is dominated iff an earlier kept one is at least as accurate and
@@ -149,6 +209,48 @@ class _View:
                     break
                 stair_lat[j] = lat
         return kept
+
+
+class _AltIndex:
+    """Prefix indexes for the alternatives of an infeasible query, in O(log n) at zero queueing:
+
+    - by accuracy (descending): the fastest (then cheapest) variant among the k most accurate;
+    - by latency (ascending): the most accurate (then cheapest, fastest) among the k fastest."""
+
+    __slots__ = ("by_acc_fastest", "by_lat_accurate", "lats_sorted", "neg_accs_sorted")
+
+    def __init__(self, v: _View) -> None:
+        n = len(v.names)
+        by_acc = sorted(range(n), key=lambda i: -v.accs[i])
+        self.neg_accs_sorted = [-v.accs[i] for i in by_acc]
+        self.by_acc_fastest: list[int] = []
+        best = -1
+        for i in by_acc:
+            if best < 0 or (v.lats[i], v.costs[i]) < (v.lats[best], v.costs[best]):
+                best = i
+            self.by_acc_fastest.append(best)
+        by_lat = sorted(range(n), key=lambda i: v.lats[i])
+        self.lats_sorted = [v.lats[i] for i in by_lat]
+        self.by_lat_accurate: list[int] = []
+        best = -1
+        for i in by_lat:
+            if best < 0 or (-v.accs[i], v.costs[i], v.lats[i]) < (-v.accs[best], v.costs[best], v.lats[best]):
+                best = i
+            self.by_lat_accurate.append(best)
+
+    def fastest_at_accuracy(self, min_acc: float) -> int:
+        k = bisect_right(self.neg_accs_sorted, -min_acc)
+        return self.by_acc_fastest[k - 1] if k else -1
+
+    def most_accurate_at_latency(self, latency_ms: float, overhead_ms: float) -> int:
+        lats = self.lats_sorted
+        k = bisect_right(lats, latency_ms - overhead_ms)
+        # agree with the ``lat + overhead <= latency`` test used everywhere, to the last ulp
+        while k > 0 and lats[k - 1] + overhead_ms > latency_ms:
+            k -= 1
+        while k < len(lats) and lats[k] + overhead_ms <= latency_ms:
+            k += 1
+        return self.by_lat_accurate[k - 1] if k else -1
 
 
 class VariantTable:
@@ -188,15 +290,37 @@ class VariantTable:
                 self._cache.popitem(last=False)
         return view
 
+    def prepare(self, row_counts: Iterable[int]) -> None:
+        """Build the views (and their alternative indexes) for these row counts now, not on the
+        first query that needs them (~10 ms per row count per 4 000 variants)."""
+        for rows in row_counts:
+            if 1 <= rows <= self.max_rows:
+                _ = self._view(rows).alt_index
+
     # ---- the decision -------------------------------------------------------------------
-    def select(self, rows: int, slo: SLO, live: LiveState) -> Decision | Infeasible:
+    def select(self, rows: int, slo: SLO, live: LiveState) -> Choice | Infeasible:
         """The cheapest feasible variant for `rows` rows under `slo`, per the module's rule."""
         if rows < 1 or rows > self.max_rows:
             return self._infeasible(rows, slo, live)
         v = self._view(rows)
-        lat_budget = slo.latency_ms - live.overhead_ms
-        min_acc = slo.min_accuracy
         max_cost = _INF if slo.max_cost_usd_per_1k is None else slo.max_cost_usd_per_1k
+        best, loaded_best = self._search(
+            v, slo.latency_ms - live.overhead_ms, slo.min_accuracy, max_cost, live
+        )
+        if best < 0:
+            return self._infeasible(rows, slo, live)
+
+        names = v.names
+        hint: str | None = None
+        chosen = best
+        if names[best] not in live.loaded and loaded_best >= 0:
+            chosen, hint = loaded_best, names[best]
+        return self._decision(v, chosen, live, hint)
+
+    def _search(
+        self, v: _View, lat_budget: float, min_acc: float, max_cost: float, live: LiveState
+    ) -> tuple[int, int]:
+        """(cheapest feasible, cheapest loaded feasible), positions in `v` or -1."""
         qd = live.queue_delay_ms
         costs, lats, accs, names = v.costs, v.lats, v.accs, v.names
 
@@ -219,42 +343,34 @@ class VariantTable:
             if best < 0 or self._better(v, i, best, live):
                 best, best_cost = i, c
 
-        loaded_best = -1
-        # Variants with live state are judged one by one: they may be off the frontier.
-        for name in _live_names(live):
-            i = v.pos.get(name, -1)
-            if i < 0:
-                continue
-            c = costs[i]
-            if c > max_cost or accs[i] < min_acc:
-                continue
-            if lats[i] + qd.get(name, 0.0) > lat_budget:
-                continue
-            if best < 0 or self._better(v, i, best, live):
-                best, best_cost = i, c
-            if name in live.loaded and (loaded_best < 0 or self._cheaper(v, i, loaded_best, live)):
-                loaded_best = i
-
         if shadowed:
             best = self._full_scan(v, lat_budget, min_acc, max_cost, live)
-        elif best >= 0 and qd.get(names[best], 0.0) > 0.0:
-            # A queued frontier variant can lose the latency tie-break to an equally cheap variant
-            # it dominates statically; those share its cost, so look only at that run of costs.
+        elif best >= 0:
+            # Unless a queue shut a frontier variant out, nothing is cheaper than the frontier's
+            # answer (every variant is dominated by a frontier one at least as cheap); only its
+            # equally cheap peers, which may be loaded or less queued, can win the tie-break.
             lo, hi = bisect_left(costs, best_cost), bisect_right(costs, best_cost)
-            for i in range(lo, hi):
-                fits = accs[i] >= min_acc and lats[i] + qd.get(names[i], 0.0) <= lat_budget
-                if fits and self._better(v, i, best, live):
-                    best = i
-        if best < 0:
-            return self._infeasible(rows, slo, live)
+            if hi - lo > 1:
+                for i in range(lo, hi):
+                    fits = accs[i] >= min_acc and lats[i] + qd.get(names[i], 0.0) <= lat_budget
+                    if fits and self._better(v, i, best, live):
+                        best = i
 
-        hint: str | None = None
-        chosen = best
-        if names[best] not in live.loaded and loaded_best >= 0:
-            chosen, hint = loaded_best, names[best]
-        return self._decision(v, chosen, live, hint)
+        loaded_best = -1
+        if best >= 0 and names[best] not in live.loaded:
+            # The cheapest is cold: the cheapest loaded feasible variant serves instead, if any
+            # (ties on cost to the lowest predicted latency).
+            for i in v.loaded_by_cost(live.loaded):
+                c = costs[i]
+                if c > max_cost or (loaded_best >= 0 and c > costs[loaded_best]):
+                    break
+                if accs[i] < min_acc or lats[i] + qd.get(names[i], 0.0) > lat_budget:
+                    continue
+                if loaded_best < 0 or self._cheaper(v, i, loaded_best, live):
+                    loaded_best = i
+        return best, loaded_best
 
-    def predict(self, variant: str, rows: int, live: LiveState) -> Decision | None:
+    def predict(self, variant: str, rows: int, live: LiveState) -> Choice | None:
         """The decision for a pinned exact variant (no choice; its numbers), or None when it is
         not in this table or does not accept `rows` rows."""
         entry = self._by_name.get(variant)
@@ -298,9 +414,7 @@ class VariantTable:
                 best = i
         return best
 
-    def _decision(
-        self, v: _View, i: int, live: LiveState, hint: str | None, pinned: bool = False
-    ) -> Decision:
+    def _decision(self, v: _View, i: int, live: LiveState, hint: str | None, pinned: bool = False) -> Choice:
         name = v.names[i]
         steady_ms = v.lats[i] + live.queue_delay_ms.get(name, 0.0) + live.overhead_ms
         cold = name not in live.loaded
@@ -313,29 +427,40 @@ class VariantTable:
             reason = f"cheapest loaded feasible variant; the cheaper {hint} is cold and will be loaded"
         else:
             reason = "cheapest feasible variant" + (" (cold: loads first)" if cold else "")
-        return Decision.model_construct(
-            variant=name,
-            architecture=v.archs[i],
-            predicted_latency_ms=predicted,
-            cost_usd_per_1k=v.costs[i],
-            accuracy=v.accs[i],
-            reason=reason,
-            load_hint=hint,
-        )
+        return Choice(name, v.archs[i], predicted, v.costs[i], v.accs[i], reason, hint)
 
     def _infeasible(self, rows: int, slo: SLO, live: LiveState) -> Infeasible:
         if rows < 1 or rows > self.max_rows:
-            reason = (
-                f"{rows} rows: no variant in scope is servable"
-                if self.max_rows == 0
-                else f"{rows} rows is more than any variant accepts (at most {self.max_rows})"
-            )
-            return Infeasible(reason=reason, rows=rows, max_rows=self.max_rows)
+            return Infeasible(rows, self.max_rows, slo)
         v = self._view(rows)
+        qd = live.queue_delay_ms
+        index = v.alt_index
+        fast_i = index.fastest_at_accuracy(slo.min_accuracy)
+        acc_i = index.most_accurate_at_latency(slo.latency_ms, live.overhead_ms)
+        # The indexes assume no queueing; a queue only slows a variant down, so an answer without
+        # a queue of its own is exact. Otherwise scan.
+        if (fast_i >= 0 and qd.get(v.names[fast_i], 0.0) > 0.0) or (
+            acc_i >= 0 and qd.get(v.names[acc_i], 0.0) > 0.0
+        ):
+            fast_i, acc_i = self._alternatives_scan(v, slo, live)
+        cheap_i = -1
+        if slo.max_cost_usd_per_1k is not None:
+            cheap_i = self._search(v, slo.latency_ms - live.overhead_ms, slo.min_accuracy, _INF, live)[0]
+
+        def alt(i: int) -> Alternative | None:
+            if i < 0:
+                return None
+            name = v.names[i]
+            predicted = v.lats[i] + qd.get(name, 0.0) + live.overhead_ms
+            return Alternative(name, v.archs[i], v.accs[i], predicted, v.costs[i])
+
+        return Infeasible(rows, self.max_rows, slo, alt(fast_i), alt(acc_i), alt(cheap_i))
+
+    @staticmethod
+    def _alternatives_scan(v: _View, slo: SLO, live: LiveState) -> tuple[int, int]:
         qd = live.queue_delay_ms
         fastest: tuple[float, float, int] | None = None
         accurate: tuple[float, float, float, int] | None = None
-        cheapest: tuple[float, float, int] | None = None
         for i in range(len(v.names)):
             lat = v.lats[i] + qd.get(v.names[i], 0.0) + live.overhead_ms
             meets_acc = v.accs[i] >= slo.min_accuracy
@@ -344,34 +469,4 @@ class VariantTable:
                 fastest = (lat, v.costs[i], i)
             if meets_lat and (accurate is None or (-v.accs[i], v.costs[i], lat) < accurate[:3]):
                 accurate = (-v.accs[i], v.costs[i], lat, i)
-            if meets_acc and meets_lat and (cheapest is None or (v.costs[i], lat) < cheapest[:2]):
-                cheapest = (v.costs[i], lat, i)
-
-        def alt(i: int | None) -> Alternative | None:
-            if i is None:
-                return None
-            return Alternative(
-                variant=v.names[i],
-                architecture=v.archs[i],
-                accuracy=v.accs[i],
-                predicted_latency_ms=v.lats[i] + qd.get(v.names[i], 0.0) + live.overhead_ms,
-                cost_usd_per_1k=v.costs[i],
-            )
-
-        parts = [f"no variant meets latency <= {slo.latency_ms:g} ms and accuracy >= {slo.min_accuracy:g}"]
-        if slo.max_cost_usd_per_1k is not None:
-            parts.append(f"at cost <= {slo.max_cost_usd_per_1k:g} USD per 1k")
-        return Infeasible(
-            reason=" ".join(parts),
-            rows=rows,
-            max_rows=self.max_rows,
-            fastest_at_accuracy=alt(fastest[2] if fastest else None),
-            most_accurate_at_latency=alt(accurate[3] if accurate else None),
-            cheapest_within_targets=alt(cheapest[2] if cheapest else None),
-        )
-
-
-def _live_names(live: LiveState) -> Iterable[str]:
-    if not live.queue_delay_ms:
-        return live.loaded
-    return live.loaded.union(live.queue_delay_ms)
+        return (fastest[2] if fastest else -1), (accurate[3] if accurate else -1)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infaas.policy.selection import Infeasible, LiveState, VariantTable
-from infaas.types import SLO, Decision, LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
+from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
+from infaas.types import SLO, LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
 
 MACHINE = MachineInfo(cpu_model="test", cores=2)
 BATCHES = (1, 8, 32)
@@ -157,7 +157,7 @@ def test_choice_is_feasible_and_none_feasible_is_cheaper(
     if not feas:
         assert isinstance(result, Infeasible)
         return
-    assert isinstance(result, Decision)
+    assert isinstance(result, Choice)
     chosen = nums[result.variant]
     assert feasible(chosen, slo)
     min_cost = min(n.cost for n in feas)
@@ -191,7 +191,7 @@ def test_infeasible_names_the_nearest_alternatives(
     live = data.draw(live_state([v.name for v, _ in entries]))
     result = VariantTable(entries).select(rows, slo, live)
     nums = {n.name: n for n in numbers(entries, rows, live)}
-    if isinstance(result, Decision):
+    if isinstance(result, Choice):
         return
     assert not any(feasible(n, slo) for n in nums.values())
     supported = [n for n in nums.values() if n.supports]
@@ -228,11 +228,11 @@ def test_cheapest_wins_and_a_cold_one_is_hinted_not_waited_for() -> None:
     table = VariantTable([cheap, dear])
     slo = SLO(latency_ms=10, min_accuracy=0.9)
     cold = table.select(1, slo, LiveState())
-    assert isinstance(cold, Decision) and cold.variant == cheap[0].name and cold.load_hint is None
+    assert isinstance(cold, Choice) and cold.variant == cheap[0].name and cold.load_hint is None
     # the prediction for a cold variant includes its load
     assert cold.predicted_latency_ms == 1.5 + 50.0
     warm_dear = table.select(1, slo, LiveState(loaded=frozenset({dear[0].name})))
-    assert isinstance(warm_dear, Decision)
+    assert isinstance(warm_dear, Choice)
     assert warm_dear.variant == dear[0].name and warm_dear.load_hint == cheap[0].name
     assert warm_dear.predicted_latency_ms == 3.0
 
