@@ -1,0 +1,254 @@
+"""The query path for real: uvicorn on a free port, Ray workers, the SQLite store, the small zoo.
+
+One app (one Ray) for the whole module. Every decision is checked against the measured profiles in
+the store: the answer is the cheapest feasible variant, an infeasible target names the right
+alternatives, and usage totals equal the sum of what the responses charged, exactly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from infaas.api import create_app
+from infaas.client import Client
+from infaas.errors import Forbidden, NoFeasibleVariant
+from infaas.settings import Settings
+from infaas.store import open_store
+from infaas.types import Profile, Variant
+from tests.integration.conftest import LiveServer, serve_app
+from variants import zoo
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TOL_MS = 0.01  # responses round predictions to 1e-4 ms; stay clear of boundaries by this much
+
+
+@pytest.fixture(scope="module")
+def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    data_dir = tmp_path_factory.mktemp("query-path") / "data"
+    shutil.copytree(small_zoo.data_dir, data_dir)  # the session's zoo is shared: work on a copy
+    settings = Settings(data_dir=data_dir, admin_key="admin-test-key", usage_flush_interval_s=0.2)
+    app = create_app(settings)
+    for url in serve_app(app):
+        yield LiveServer(url=url, app=app, admin_key="admin-test-key")
+
+
+@pytest.fixture(scope="module")
+def zoo_profiles(server: LiveServer) -> dict[str, tuple[Variant, Profile]]:
+    settings: Settings = server.app.state.settings
+    store = open_store(settings)
+    try:
+        tasks = {a.name: a.task for a in store.list_architectures()}
+        profiles = {p.variant: p for p in store.list_profiles()}
+        return {
+            v.name: (v, profiles[v.name])
+            for v in store.list_variants()
+            if tasks[v.architecture] == zoo.DIGITS and v.name in profiles and profiles[v.name].status == "ok"
+        }
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def digits_rows() -> np.ndarray:
+    return zoo.load_split(zoo.DIGITS).x_test[:8]
+
+
+@pytest.fixture(scope="module")
+def warm(
+    server: LiveServer, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray
+) -> str:
+    """A tenant key, after every digits variant was loaded by a pinned query through the API."""
+    key = server.new_tenant("warmup")
+    with Client(server.url, key) as client:
+        for name in zoo_profiles:
+            result = client.query(zoo.DIGITS, digits_rows[:1], latency_ms=60_000, variant=name)
+            assert result.variant == name and result.outputs.shape == (1, 10)
+    pool = server.app.state.pool
+    assert all(pool.is_loaded(name) for name in zoo_profiles)
+    return key
+
+
+def p99(profile: Profile, rows: int = 1) -> float:
+    return profile.latency_ms(rows, "p99")
+
+
+def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
+    server: LiveServer, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
+) -> None:
+    lats = sorted(p99(p) for _, p in zoo_profiles.values())
+    accs = sorted({p.accuracy for _, p in zoo_profiles.values()})
+    latency_targets = sorted({0.05, *(x + 1.0 for x in lats), 5.0, 50.0})
+    accuracy_targets = sorted({0.0, *accs, min(1.0, accs[-1] + 0.001)})
+    chosen: set[str] = set()
+    infeasible = 0
+    with Client(server.url, warm) as client:
+        for latency_ms in latency_targets:
+            for min_accuracy in accuracy_targets:
+                try:
+                    result = client.query(
+                        zoo.DIGITS, digits_rows[:1], latency_ms=latency_ms, min_accuracy=min_accuracy
+                    )
+                except NoFeasibleVariant as exc:
+                    infeasible += 1
+                    check_alternatives(exc, zoo_profiles, latency_ms, min_accuracy)
+                    continue
+                chosen.add(result.variant)
+                assert result.load_hint is None  # everything is loaded: no reason to serve elsewhere
+                _, profile = zoo_profiles[result.variant]
+                # what the router added to the profile: queueing (idle here: 0) + measured overhead
+                overhead_ms = result.predicted_latency_ms - p99(profile)
+                assert overhead_ms >= -TOL_MS
+                assert profile.accuracy >= min_accuracy
+                assert p99(profile) + overhead_ms <= latency_ms + TOL_MS
+                cost = profile.cost_usd_per_1k(1)
+                for name, (_, other) in zoo_profiles.items():
+                    feasible = (
+                        other.accuracy >= min_accuracy and p99(other) + overhead_ms <= latency_ms - TOL_MS
+                    )
+                    assert not (feasible and other.cost_usd_per_1k(1) < cost), (
+                        f"{name} is feasible and cheaper than {result.variant} "
+                        f"at latency {latency_ms} ms, accuracy {min_accuracy}"
+                    )
+    assert infeasible > 0 and len(chosen) >= 2, (infeasible, chosen)
+
+
+def check_alternatives(
+    exc: NoFeasibleVariant,
+    zoo_profiles: dict[str, tuple[Variant, Profile]],
+    latency_ms: float,
+    min_accuracy: float,
+) -> None:
+    alts: dict[str, Any] = exc.fields["alternatives"]
+    fastest, accurate = alts["fastest_meeting_accuracy"], alts["most_accurate_meeting_latency"]
+    meets_accuracy = [p for _, p in zoo_profiles.values() if p.accuracy >= min_accuracy]
+    if not meets_accuracy:
+        assert fastest is None
+    else:
+        assert fastest is not None
+        _, profile = zoo_profiles[fastest["variant"]]
+        overhead_ms = fastest["predicted_latency_ms"] - p99(profile)
+        assert profile.accuracy >= min_accuracy and fastest["accuracy"] == profile.accuracy
+        assert p99(profile) == min(p99(p) for p in meets_accuracy)
+        # it is an alternative because it misses the latency target
+        assert fastest["predicted_latency_ms"] > latency_ms - TOL_MS
+        if accurate is not None:
+            # within the rounding tolerance a variant may count either way
+            within = [
+                p.accuracy for _, p in zoo_profiles.values() if p99(p) + overhead_ms <= latency_ms - TOL_MS
+            ]
+            near = [
+                p.accuracy for _, p in zoo_profiles.values() if p99(p) + overhead_ms <= latency_ms + TOL_MS
+            ]
+            table = {n: (p.accuracy, p99(p)) for n, (_, p) in zoo_profiles.items()}
+            assert max(within, default=0.0) <= accurate["accuracy"] <= max(near), (
+                latency_ms,
+                overhead_ms,
+                alts,
+                table,
+            )
+            assert accurate["accuracy"] < min_accuracy
+    if accurate is not None:
+        _, profile = zoo_profiles[accurate["variant"]]
+        assert accurate["predicted_latency_ms"] <= latency_ms + TOL_MS
+
+
+def test_infeasible_targets_name_the_alternatives(
+    server: LiveServer, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
+) -> None:
+    best_accuracy = max(p.accuracy for _, p in zoo_profiles.values())
+    with Client(server.url, warm) as client:
+        with pytest.raises(NoFeasibleVariant) as too_fast:
+            client.query(zoo.DIGITS, digits_rows[:1], latency_ms=0.001, min_accuracy=0.5)
+        alts = too_fast.value.fields["alternatives"]
+        assert alts["most_accurate_meeting_latency"] is None
+        fastest = alts["fastest_meeting_accuracy"]
+        assert zoo_profiles[fastest["variant"]][1].accuracy >= 0.5
+        assert too_fast.value.fields["status"] == 422
+        with pytest.raises(NoFeasibleVariant) as too_accurate:
+            client.query(zoo.DIGITS, digits_rows[:1], latency_ms=60_000, min_accuracy=1.0)
+        alts = too_accurate.value.fields["alternatives"]
+        if best_accuracy < 1.0:
+            assert alts["fastest_meeting_accuracy"] is None
+            assert alts["most_accurate_meeting_latency"]["accuracy"] == best_accuracy
+
+
+def test_three_tenants_concurrently_usage_equals_charged_costs_exactly(
+    server: LiveServer, digits_rows: np.ndarray, warm: str
+) -> None:
+    keys = {name: server.new_tenant(name) for name in ("acme", "globex", "initech")}
+    # generous targets: under this load every answer must come back (and be charged)
+    targets = [(200.0, 0.0), (500.0, 0.9), (300.0, 0.8)]
+
+    def work(tenant: str, worker: int) -> list[tuple[str, int, bool]]:
+        out = []
+        with Client(server.url, keys[tenant]) as client:
+            for i in range(15):
+                latency_ms, min_accuracy = targets[(worker + i) % len(targets)]
+                rows = digits_rows[: 1 + (i % 3)]
+                result = client.query(zoo.DIGITS, rows, latency_ms=latency_ms, min_accuracy=min_accuracy)
+                assert result.outputs.shape == (rows.shape[0], 10)
+                out.append((tenant, result.cost_pusd, result.slo_met))
+        return out
+
+    with ThreadPoolExecutor(max_workers=9) as ex:
+        futures = [ex.submit(work, tenant, w) for tenant in keys for w in range(3)]
+        answers = [a for f in futures for a in f.result()]
+    charged = {t: sum(c for tt, c, _ in answers if tt == t) for t in keys}
+    assert all(c > 0 for c in charged.values())
+    for tenant, key in keys.items():
+        with Client(server.url, key) as client:
+            deadline = time.monotonic() + 10
+            while True:  # usage flushes every 0.2 s
+                report = client.usage()
+                totals = report["totals"]
+                if totals["queries"] == 45 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        assert [t["tenant"] for t in report["tenants"]] == [tenant]
+        assert totals["queries"] == 45
+        assert totals["cost_pusd"] == charged[tenant]
+        assert totals["slo_met"] == sum(1 for tt, _, met in answers if tt == tenant and met)
+
+
+def test_tenants_are_isolated(server: LiveServer, digits_rows: np.ndarray) -> None:
+    a, b = server.new_tenant("iso-a"), server.new_tenant("iso-b")
+    with Client(server.url, a) as client:
+        client.query(zoo.DIGITS, digits_rows[:1], latency_ms=1000)
+    with Client(server.url, b) as client:
+        report = client.usage()
+        assert [t["tenant"] for t in report["tenants"]] == ["iso-b"]
+        assert report["totals"]["queries"] == 0
+    with server.client(b) as http:
+        assert http.get("/v1/admin/usage").status_code == 403
+        assert http.get("/v1/admin/tenants").status_code == 403
+        assert http.post("/v1/admin/tenants", json={"name": "evil"}).status_code == 403
+        assert http.delete("/v1/admin/tenants/iso-a").status_code == 403
+    # the forbidden error class comes back through the client too
+    with Client(server.url, b) as client, pytest.raises(Forbidden):
+        client._request("GET", "/v1/admin/usage")
+
+
+def test_moderate_load_meets_the_slo_for_99_percent(
+    server: LiveServer, digits_rows: np.ndarray, warm: str
+) -> None:
+    """The prediction includes the path's measured overhead, so what the router promised holds."""
+
+    def work(worker: int) -> list[bool]:
+        met = []
+        with Client(server.url, warm) as client:
+            for i in range(60):
+                rows = digits_rows[: 1 + (worker + i) % 4]
+                met.append(client.query(zoo.DIGITS, rows, latency_ms=25.0, min_accuracy=0.9).slo_met)
+        return met
+
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        results = [m for f in [ex.submit(work, w) for w in range(4)] for m in f.result()]
+    assert sum(results) / len(results) >= 0.99, f"{len(results) - sum(results)} of {len(results)} missed"

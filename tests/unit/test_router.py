@@ -1,0 +1,99 @@
+"""The router's overhead estimate, and its snapshot following the store."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from infaas.batching import AsyncBatcher
+from infaas.errors import ArchitectureNotFound, InvalidInput, NoFeasibleVariant, TaskNotFound
+from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router
+from infaas.store import MemoryStore
+from infaas.types import SLO, Architecture, InputSpec, Task
+from infaas.workers.inprocess import EchoModel, InProcessPool
+from tests.unit.policy.test_selection import make_entry
+
+
+def test_overhead_is_the_prior_until_measured_then_a_high_quantile() -> None:
+    tracker = OverheadTracker(quantile=0.99, window=200, min_samples=32, refresh_every=8)
+    for _ in range(31):
+        tracker.observe(0.2)
+    assert tracker.value_ms == DEFAULT_OVERHEAD_MS
+    for i in range(169):
+        tracker.observe(0.2 if i % 50 else 3.0)  # a few slow answers set the margin
+    assert 2.0 < tracker.value_ms <= 3.0
+    for _ in range(400):  # the window forgets them
+        tracker.observe(0.3)
+    assert tracker.value_ms == pytest.approx(0.3)
+    for _ in range(16):
+        tracker.observe(-5.0)  # faster than profiled never makes the overhead negative
+    assert tracker.value_ms >= 0.0
+
+
+def store_with_one_task() -> MemoryStore:
+    store = MemoryStore()
+    store.put_task(
+        Task(
+            name="t",
+            input_spec=InputSpec(shape=(2,)),
+            num_classes=3,
+            validation_artifact="v",
+            validation_size=1,
+        )
+    )
+    return store
+
+
+def register(store: MemoryStore, arch: str, task: str = "t") -> str:
+    variant, profile = make_entry(
+        arch, "onnxruntime", 1, accuracy=0.9, base_ms=1.0, per_row_ms=0.0, price_usd_per_s=1e-5
+    )
+    store.register_architecture(
+        Architecture(name=arch, task=task, kind="onnx", source_sha256="0", artifact="a"), [variant], []
+    )
+    store.put_profile(profile)
+    return variant.name
+
+
+def test_router_sees_registrations_and_learns_from_answers() -> None:
+    async def scenario() -> None:
+        store = store_with_one_task()
+        pool = InProcessPool(loader=lambda v: EchoModel(v.name))
+        router = Router(store, pool, AsyncBatcher(pool), miss_refresh_interval_s=0.0)
+        router.refresh()
+        slo = SLO(latency_ms=100)
+        with pytest.raises(NoFeasibleVariant):  # a task without profiled variants yet
+            router.route("t", 1, slo, now_s=0.0)
+        name = register(store, "m")
+        # a pinned name the snapshot has not seen triggers a reload
+        routed = router.route("t", 1, slo, now_s=1.0, architecture="m")
+        assert routed.variant.name == name and routed.cold
+        with pytest.raises(TaskNotFound):
+            router.route("nope", 1, slo, now_s=2.0)
+        with pytest.raises(ArchitectureNotFound):
+            router.route("t", 1, slo, now_s=3.0, architecture="nope")
+        with pytest.raises(InvalidInput):
+            router.route("t", 33, slo, now_s=4.0)
+        store.put_task(
+            Task(
+                name="u",
+                input_spec=InputSpec(shape=(2,)),
+                num_classes=3,
+                validation_artifact="v",
+                validation_size=1,
+            )
+        )
+        with pytest.raises(InvalidInput):  # m serves t, not u
+            router.route("u", 1, slo, now_s=5.0, architecture="m")
+        await pool.ensure_loaded(routed.variant)
+        warm = router.route("t", 1, slo, now_s=6.0)
+        assert not warm.cold and warm.expected_ms == pytest.approx(1.5)
+        before = router.overhead.samples
+        router.observe(warm, latency_ms=2.0)
+        router.observe(routed, latency_ms=500.0)  # a cold answer says nothing about the path
+        assert router.overhead.samples == before + 1
+        await router.close()
+        await pool.close()
+
+    asyncio.run(scenario())
