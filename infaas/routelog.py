@@ -1,9 +1,12 @@
 """Recent routing decisions for the fleet view, from the usage meter's per-query records.
 
-One event per *change*: the first query of a task, a task moving to another variant, a task that
-stops (or starts again) finding a feasible variant. Logging every query would bury the decisions
-an admin looks for under thousands of identical lines. Times are the records' own (`at_s`, wall
-clock), the same clock the worker pool stamps its load and eviction events with.
+One event when a task starts being served by a variant (the first answer from it, or the first
+after `idle_s` without one), and likewise when a task starts failing to find a feasible variant or
+a worker. Logging every query would bury the decisions an admin looks for under thousands of
+identical lines; keying on the (task, variant) pair rather than on the task's latest variant keeps
+tenants with different targets, served by different variants of one task, from flapping the log.
+Times are the records' own (`at_s`, wall clock), the clock the worker pool stamps its load and
+eviction events with, so nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -14,44 +17,47 @@ from collections import deque
 from infaas.metering import MeterRecord
 from infaas.types import FleetEvent
 
-__all__ = ["RouteLog"]
+__all__ = ["ROUTING_ERRORS", "RouteLog"]
+
+ROUTING_ERRORS = frozenset({"no_feasible_variant", "unavailable"})
+"""Failures that are routing outcomes; bad inputs or unknown names say nothing about routing."""
 
 
 class RouteLog:
-    """Keeps the last `maxlen` routing changes; `listener` goes to `Meter.add_listener`."""
+    """Keeps the last `maxlen` routing events; `listener` goes to `Meter.add_listener`."""
 
-    def __init__(self, maxlen: int = 200) -> None:
+    def __init__(self, maxlen: int = 200, idle_s: float = 60.0) -> None:
         self._events: deque[FleetEvent] = deque(maxlen=maxlen)
-        self._current: dict[str, str] = {}  # task -> variant, or "!<error code>" while failing
+        self._idle_s = idle_s
+        self._last_s: dict[tuple[str, str], float] = {}  # (task, variant or "!error") -> last seen
         self._lock = threading.Lock()
 
     def listener(self, record: MeterRecord) -> None:
         if not record.task:
-            return  # rejected before the task was known: not a routing decision
-        if record.error is None:
-            state = record.variant
-            reason = (
-                f"{record.task} routed to {record.variant} (first such answer: tenant {record.tenant}, "
-                f"{record.latency_ms:.1f} ms in a batch of {record.batch_rows} rows, "
-                f"SLO {'met' if record.slo_met else 'missed'})"
-            )
-        elif record.error in ("no_feasible_variant", "unavailable"):
-            state = f"!{record.error}"
-            reason = f"{record.task}: {record.error.replace('_', ' ')} (tenant {record.tenant})"
-        else:
-            return  # bad input or an unknown name says nothing about routing
+            return  # rejected before the task was known
+        if record.error is not None and record.error not in ROUTING_ERRORS:
+            return
+        key = (record.task, record.variant if record.error is None else f"!{record.error}")
         with self._lock:
-            previous = self._current.get(record.task)
-            if previous == state:
-                return
-            self._current[record.task] = state
-            if previous is not None and not previous.startswith("!") and not state.startswith("!"):
-                reason += f"; was {previous}"
-            self._events.append(
-                FleetEvent(at_s=record.at_s, kind="route", variant=record.variant or "-", reason=reason)
-            )
+            last_s = self._last_s.get(key)
+            self._last_s[key] = record.at_s
+            if last_s is not None and record.at_s - last_s < self._idle_s:
+                return  # the steady state: no event, a dict update per query
+            self._events.append(self._event(record, resumed=last_s is not None))
+
+    def _event(self, record: MeterRecord, resumed: bool) -> FleetEvent:
+        if record.error is not None:
+            reason = f"{record.task}: {record.error.replace('_', ' ')} (tenant {record.tenant})"
+            return FleetEvent(at_s=record.at_s, kind="route", variant=record.variant or "-", reason=reason)
+        first = f"first answer in {self._idle_s:g} s" if resumed else "first answer"
+        reason = (
+            f"{record.task} routed to {record.variant} ({first}: tenant {record.tenant}, "
+            f"{record.latency_ms:.1f} ms in a batch of {record.batch_rows} rows, "
+            f"SLO {'met' if record.slo_met else 'missed'})"
+        )
+        return FleetEvent(at_s=record.at_s, kind="route", variant=record.variant, reason=reason)
 
     def events(self, limit: int = 50) -> list[FleetEvent]:
-        """The most recent changes, oldest first (as `WorkerPool.events`)."""
+        """The most recent events, oldest first (as `WorkerPool.events`)."""
         with self._lock:
             return list(self._events)[-limit:] if limit > 0 else []

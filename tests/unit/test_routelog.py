@@ -20,37 +20,38 @@ def failure(task: str, error: str, at_s: float) -> MeterRecord:
     )  # fmt: skip
 
 
-def test_only_changes_are_logged_with_their_reason() -> None:
-    log = RouteLog()
-    for i in range(100):
-        log.listener(answer("digits", "d/a", at_s=float(i)))
+def test_an_event_when_a_task_starts_on_a_variant_not_per_query() -> None:
+    log = RouteLog(idle_s=60.0)
+    for i in range(100):  # two tenants with different targets: two variants of one task, interleaved
+        log.listener(
+            answer("digits", "d/a" if i % 2 else "d/b", at_s=float(i), tenant="acme" if i % 2 else "beta")
+        )
     log.listener(answer("iris", "i/a", at_s=100.0))
-    log.listener(answer("digits", "d/b", at_s=101.0, tenant="beta"))
     log.listener(failure("digits", "no_feasible_variant", at_s=102.0))
     log.listener(failure("digits", "no_feasible_variant", at_s=103.0))
     log.listener(failure("digits", "invalid_input", at_s=104.0))  # bad rows: not a routing decision
     log.listener(failure("", "task_not_found", at_s=105.0))
-    log.listener(answer("digits", "d/b", at_s=106.0))
+    log.listener(answer("digits", "d/a", at_s=150.0))  # 51 s after its last answer: steady
+    log.listener(answer("digits", "d/b", at_s=200.0))  # 102 s idle: starts again
     events = log.events()
     assert [(e.at_s, e.variant) for e in events] == [
-        (0.0, "d/a"),
+        (0.0, "d/b"),
+        (1.0, "d/a"),
         (100.0, "i/a"),
-        (101.0, "d/b"),
         (102.0, "-"),
-        (106.0, "d/b"),
+        (200.0, "d/b"),
     ]
     assert all(e.kind == "route" for e in events)
-    assert "digits routed to d/b" in events[2].reason and "was d/a" in events[2].reason
-    assert "tenant beta" in events[2].reason
+    assert events[1].reason.startswith("digits routed to d/a (first answer: tenant acme")
     assert "no feasible variant" in events[3].reason
-    assert "was" not in events[4].reason  # back after a failure, not a move between variants
-    assert [e.at_s for e in log.events(limit=2)] == [102.0, 106.0]
+    assert "first answer in 60 s" in events[4].reason
+    assert [e.at_s for e in log.events(limit=2)] == [102.0, 200.0]
     assert log.events(limit=0) == []
 
 
 def test_the_log_is_bounded() -> None:
-    log = RouteLog(maxlen=10)
+    log = RouteLog(maxlen=10, idle_s=1.0)
     for i in range(50):
-        log.listener(answer("digits", f"d/{i % 2}", at_s=float(i)))
+        log.listener(answer("digits", "d/a", at_s=2.0 * i))
     assert len(log.events(limit=100)) == 10
-    assert log.events(limit=100)[-1].at_s == 49.0
+    assert log.events(limit=100)[-1].at_s == 98.0
