@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,49 @@ def serve_rayserve(port: int, workdir: Path) -> None:
     ray.shutdown()
 
 
+def direct_batching(workdir: Path, concurrency: int, seconds: float, rounds: int) -> None:
+    """Without HTTP: `concurrency` coroutines submit one row each to the batcher over the Ray pool,
+    batching on and off alternately; prints {"on": [req/s...], "off": [...]} as JSON."""
+    from infaas.batching import AsyncBatcher
+    from infaas.settings import Settings
+    from infaas.types import Profile, Variant
+    from infaas.workers.ray_pool import RayPool
+
+    variant = Variant.model_validate_json((workdir / "variant.json").read_text())
+    profile = Profile.model_validate_json((workdir / "profile.json").read_text())
+    x = np.asarray([ROW], dtype=np.float32)
+
+    async def window(batcher: AsyncBatcher) -> float:
+        stop_s = time.perf_counter() + seconds
+        done = 0
+
+        async def client() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_s:
+                await batcher.submit(variant, profile, x, time.monotonic() + 0.1)
+                done += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return done / (time.perf_counter() - t0)
+
+    async def main() -> dict[str, list[float]]:
+        pool = RayPool(Settings(data_dir=workdir / "data"), artifacts_dir=workdir / "artifacts")
+        await pool.ensure_loaded(variant)
+        out: dict[str, list[float]] = {"on": [], "off": []}
+        try:
+            for _ in range(rounds):
+                for mode in ("on", "off"):
+                    batcher = AsyncBatcher(pool, batching=mode == "on")
+                    out[mode].append(await window(batcher))
+                    await batcher.close()
+        finally:
+            await pool.close()
+        return out
+
+    print(json.dumps(asyncio.run(main())), flush=True)
+
+
 # ---- load generation -----------------------------------------------------------------------
 
 
@@ -267,15 +311,15 @@ async def _wait_ready(url: str, timeout_s: float) -> None:
                 await asyncio.sleep(0.5)
 
 
-async def measure(url: str, c1_requests: int, c64_s: float, concurrency: int) -> dict[str, float]:
+async def measure(url: str, c1_requests: int, c64_s: float, concurrency: int) -> tuple[list[float], float]:
+    """One window: `c1_requests` sequential latencies (ms), then req/s at `concurrency` for `c64_s`."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(100):
+        for _ in range(50):
             await _post(session, url)
-        lat = sorted([await _post(session, url) for _ in range(c1_requests)])
-        p50_ms = lat[len(lat) // 2]
+        lat = [await _post(session, url) for _ in range(c1_requests)]
 
         stop_s = 0.0
         done = 0
@@ -286,37 +330,47 @@ async def measure(url: str, c1_requests: int, c64_s: float, concurrency: int) ->
                 await _post(session, url)
                 done += 1
 
-        stop_s = time.perf_counter() + 1.0  # warm-up at full concurrency
+        stop_s = time.perf_counter() + 0.5  # warm-up at full concurrency
         await asyncio.gather(*(client() for _ in range(concurrency)))
         done = 0
         t0 = time.perf_counter()
         stop_s = t0 + c64_s
         await asyncio.gather(*(client() for _ in range(concurrency)))
         rps = done / (time.perf_counter() - t0)
-    return {"p50_ms": p50_ms, "rps": rps}
+    return lat, rps
 
 
-def run_server(kind: str, workdir: Path, args: argparse.Namespace) -> dict[str, float]:
+@dataclass
+class Server:
+    kind: str
+    proc: subprocess.Popen[bytes]
+    url: str
+
+
+def start_server(kind: str, workdir: Path) -> Server:
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--workdir", str(workdir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/predict"
+    server = Server(kind, proc, f"http://127.0.0.1:{port}/predict")
     try:
-        asyncio.run(_wait_ready(url, timeout_s=120))
-        return asyncio.run(measure(url, args.requests, args.seconds, args.concurrency))
+        asyncio.run(_wait_ready(server.url, timeout_s=120))
     except Exception:
-        proc.terminate()
+        stop_server(server)
         _, err = proc.communicate(timeout=30)
         sys.stderr.write(err.decode(errors="replace")[-3000:])
         raise
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    return server
+
+
+def stop_server(server: Server) -> None:
+    proc = server.proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def main() -> None:
@@ -324,15 +378,20 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=1000, help="sequential requests for p50 (c=1)")
-    parser.add_argument("--seconds", type=float, default=8.0, help="duration of the c=64 throughput run")
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of each c=64 throughput window")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument(
         "--only", default="handwritten,rayserve,infaas,infaas-ray,infaas-nobatch", help="servers to measure"
     )
     args = parser.parse_args()
+    if args.direct:
+        direct_batching(args.workdir, args.concurrency, args.seconds / 2, args.rounds)
+        return
     if args.serve:
         if args.serve == "handwritten":
             serve_handwritten(args.port, args.workdir)
@@ -355,10 +414,45 @@ def main() -> None:
         (workdir / "variant.json").write_text(variant.model_dump_json())
         (workdir / "profile.json").write_text(profile.model_dump_json())
         print(f"variant {variant.name}: bare p50 {results['bare']['p50_ms'] * 1000:.0f} µs", flush=True)
-        for kind in args.only.split(","):
-            print(f"measuring {kind} ...", flush=True)
-            results[kind] = run_server(kind, workdir, args)
-            print(f"  p50 {results[kind]['p50_ms']:.3f} ms, {results[kind]['rps']:.0f} req/s", flush=True)
+        # Interleaved rounds, one server up at a time (an idle Ray instance still costs CPU on 2
+        # cores): drifting background load on the shared machine then hits every server alike.
+        # p50 over all rounds' latencies; throughput is the median round.
+        latencies_ms: dict[str, list[float]] = {}
+        rps: dict[str, list[float]] = {}
+        for round_no in range(args.rounds):
+            for kind in args.only.split(","):
+                server = start_server(kind, workdir)
+                try:
+                    lat, window_rps = asyncio.run(
+                        measure(server.url, args.requests // args.rounds, args.seconds, args.concurrency)
+                    )
+                finally:
+                    stop_server(server)
+                latencies_ms.setdefault(kind, []).extend(lat)
+                rps.setdefault(kind, []).append(window_rps)
+                print(
+                    f"  round {round_no + 1} {kind}: p50 {statistics.median(lat):.3f} ms, "
+                    f"{window_rps:.0f} req/s",
+                    flush=True,
+                )
+        print("measuring batching on/off without HTTP ...", flush=True)
+        cmd = [sys.executable, __file__, "--direct", "--workdir", str(workdir)]
+        cmd += [
+            "--concurrency",
+            str(args.concurrency),
+            "--seconds",
+            str(args.seconds),
+            "--rounds",
+            str(args.rounds),
+        ]
+        direct = json.loads(subprocess.run(cmd, check=True, capture_output=True).stdout.splitlines()[-1])
+        for kind in rps:
+            results[kind] = {
+                "p50_ms": statistics.median(latencies_ms[kind]),
+                "rps": statistics.median(rps[kind]),
+            }
+        results["direct-on"] = {"p50_ms": float("nan"), "rps": statistics.median(direct["on"])}
+        results["direct-off"] = {"p50_ms": float("nan"), "rps": statistics.median(direct["off"])}
     report(results, args.concurrency)
 
 
@@ -369,6 +463,9 @@ def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
     print("|---|---:|---:|---:|")
     for kind, r in results.items():
         rps = "—" if kind == "bare" else f"{r['rps']:.0f}"
+        if kind.startswith("direct"):
+            print(f"| {kind} (batcher → Ray, no HTTP) | — | — | {rps} |")
+            continue
         print(f"| {kind} | {r['p50_ms']:.3f} | {r['p50_ms'] - base:.3f} | {rps} |")
     print()
     inf = results.get("infaas")
@@ -391,7 +488,10 @@ def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
             goals.append(("throughput infaas-ray / hand-written", ratio, "—", True))
         if "infaas-nobatch" in results:
             ratio = ray_path["rps"] / results["infaas-nobatch"]["rps"]
-            goals.append(("throughput batching on / off (Ray path)", ratio, "≥ 3", ratio >= 3))
+            goals.append(("throughput batching on / off (Ray path, HTTP)", ratio, "≥ 3", ratio >= 3))
+    if "direct-on" in results:
+        ratio = results["direct-on"]["rps"] / results["direct-off"]["rps"]
+        goals.append(("throughput batching on / off (Ray path, no HTTP)", ratio, "≥ 3", ratio >= 3))
     print("| ratio | measured | goal | met |")
     print("|---|---:|---|---|")
     for name, value, goal, met in goals:
