@@ -96,7 +96,7 @@ def quantize_int8(fp32_path: Path, out_path: Path, calibration_rows: np.ndarray)
             str(out_path),
             _calibration_reader(model.graph.input[0].name, calibration_rows),
             quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=sorted(_CONV | _MATMUL),
+            op_types_to_quantize=sorted(_CONV),
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             per_channel=True,
