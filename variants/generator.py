@@ -142,7 +142,7 @@ class _Builder:
 
 
 class _BuildFailed(Exception):
-    pass
+    """A build step could not produce its artifact; the message becomes the skipped variant's reason."""
 
 
 def _stub(spec: VariantSpec) -> Variant:

@@ -193,7 +193,7 @@ def test_a_failure_midway_removes_every_published_artifact(
     registry: Registry, files: dict[str, Path]
 ) -> None:
     class Interrupted(Exception):
-        pass
+        """What a Ctrl-C in the middle of a long registration looks like to the registry."""
 
     def interrupt(message: str, done: int, total: int) -> None:
         if done == 3:  # three variants built and their artifacts published by now
