@@ -49,8 +49,10 @@ DEFAULT_OVERHEAD_MS = 1.0
 
 
 class OverheadTracker:
-    """A high quantile of the prediction's residual over the last `window` answers (pure: the
-    residuals come in as numbers). Until `min_samples` are seen it reports `prior_ms`."""
+    """A high quantile of the prediction's residual over the last `window` answers of the last
+    `max_age_s` seconds (pure: residuals and times come in as numbers). The age bound lets the
+    estimate come back down after a burst of load instead of carrying it for thousands of answers.
+    With fewer than `min_samples` recent answers it reports `prior_ms`."""
 
     def __init__(
         self,
@@ -58,6 +60,7 @@ class OverheadTracker:
         *,
         quantile: float = 0.99,
         window: int = 2048,
+        max_age_s: float = 30.0,
         min_samples: int = 32,
         refresh_every: int = 16,
     ) -> None:
@@ -65,9 +68,10 @@ class OverheadTracker:
             raise ValueError("quantile must be in (0, 1]")
         self._prior_ms = prior_ms
         self._quantile = quantile
+        self._max_age_s = max_age_s
         self._min_samples = min_samples
         self._refresh_every = refresh_every
-        self._samples: deque[float] = deque(maxlen=window)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)  # (at_s, residual_ms)
         self._since_refresh = 0
         self._value_ms = prior_ms
 
@@ -79,15 +83,25 @@ class OverheadTracker:
     def samples(self) -> int:
         return len(self._samples)
 
-    def observe(self, residual_ms: float) -> None:
-        """Record one answer's `latency_ms - (profiled run time + predicted queueing)`."""
-        self._samples.append(residual_ms)
+    def observe(self, residual_ms: float, now_s: float) -> None:
+        """Record one answer's ``latency_ms - (profiled run time + predicted queueing)``."""
+        self._samples.append((now_s, residual_ms))
         self._since_refresh += 1
-        if len(self._samples) >= self._min_samples and self._since_refresh >= self._refresh_every:
-            self._since_refresh = 0
-            # Recomputed every few answers, not on each: a quantile over 2 048 floats is ~30 µs.
-            q = float(np.quantile(np.fromiter(self._samples, dtype=np.float64), self._quantile))
-            self._value_ms = max(0.0, q)
+        if self._since_refresh >= self._refresh_every:
+            self.refresh(now_s)
+
+    def refresh(self, now_s: float) -> None:
+        """Recompute the estimate (every `refresh_every` answers, not on each: a quantile over
+        2 048 floats costs ~30 µs)."""
+        self._since_refresh = 0
+        samples = self._samples
+        while samples and samples[0][0] < now_s - self._max_age_s:
+            samples.popleft()
+        if len(samples) < self._min_samples:
+            self._value_ms = self._prior_ms
+            return
+        residuals = np.fromiter((r for _, r in samples), dtype=np.float64, count=len(samples))
+        self._value_ms = max(0.0, float(np.quantile(residuals, self._quantile)))
 
 
 @dataclass(frozen=True)
@@ -372,11 +386,11 @@ class Router:
         )
 
     # ---- feedback -----------------------------------------------------------------------
-    def observe(self, routed: Routed, latency_ms: float) -> None:
+    def observe(self, routed: Routed, latency_ms: float, now_s: float) -> None:
         """Learn from an answered query: how far the measured latency was above the profile's
         run time plus the predicted queueing. Cold loads are one-off and left out."""
         if not routed.cold:
-            self.overhead.observe(latency_ms - routed.expected_ms)
+            self.overhead.observe(latency_ms - routed.expected_ms, now_s)
 
     def _hint(self, name: str) -> None:
         if name in self._hinted:

@@ -242,14 +242,8 @@ class _AltIndex:
         k = bisect_right(self.neg_accs_sorted, -min_acc)
         return self.by_acc_fastest[k - 1] if k else -1
 
-    def most_accurate_at_latency(self, latency_ms: float, overhead_ms: float) -> int:
-        lats = self.lats_sorted
-        k = bisect_right(lats, latency_ms - overhead_ms)
-        # agree with the ``lat + overhead <= latency`` test used everywhere, to the last ulp
-        while k > 0 and lats[k - 1] + overhead_ms > latency_ms:
-            k -= 1
-        while k < len(lats) and lats[k] + overhead_ms <= latency_ms:
-            k += 1
+    def most_accurate_at_latency(self, lat_budget_ms: float) -> int:
+        k = bisect_right(self.lats_sorted, lat_budget_ms)
         return self.by_lat_accurate[k - 1] if k else -1
 
 
@@ -436,7 +430,10 @@ class VariantTable:
         qd = live.queue_delay_ms
         index = v.alt_index
         fast_i = index.fastest_at_accuracy(slo.min_accuracy)
-        acc_i = index.most_accurate_at_latency(slo.latency_ms, live.overhead_ms)
+        # Every latency test is ``profile + queue <= target - overhead``, one expression, so that
+        # the decision and its alternatives agree to the last bit at the boundary.
+        lat_budget = slo.latency_ms - live.overhead_ms
+        acc_i = index.most_accurate_at_latency(lat_budget)
         # The indexes assume no queueing; a queue only slows a variant down, so an answer without
         # a queue of its own is exact. Otherwise scan.
         if (fast_i >= 0 and qd.get(v.names[fast_i], 0.0) > 0.0) or (
@@ -445,7 +442,7 @@ class VariantTable:
             fast_i, acc_i = self._alternatives_scan(v, slo, live)
         cheap_i = -1
         if slo.max_cost_usd_per_1k is not None:
-            cheap_i = self._search(v, slo.latency_ms - live.overhead_ms, slo.min_accuracy, _INF, live)[0]
+            cheap_i = self._search(v, lat_budget, slo.min_accuracy, _INF, live)[0]
 
         def alt(i: int) -> Alternative | None:
             if i < 0:
@@ -461,10 +458,11 @@ class VariantTable:
         qd = live.queue_delay_ms
         fastest: tuple[float, float, int] | None = None
         accurate: tuple[float, float, float, int] | None = None
+        lat_budget = slo.latency_ms - live.overhead_ms
         for i in range(len(v.names)):
-            lat = v.lats[i] + qd.get(v.names[i], 0.0) + live.overhead_ms
+            lat = v.lats[i] + qd.get(v.names[i], 0.0)
             meets_acc = v.accs[i] >= slo.min_accuracy
-            meets_lat = lat <= slo.latency_ms
+            meets_lat = lat <= lat_budget
             if meets_acc and (fastest is None or (lat, v.costs[i]) < fastest[:2]):
                 fastest = (lat, v.costs[i], i)
             if meets_lat and (accurate is None or (-v.accs[i], v.costs[i], lat) < accurate[:3]):

@@ -16,19 +16,32 @@ from tests.unit.policy.test_selection import make_entry
 
 
 def test_overhead_is_the_prior_until_measured_then_a_high_quantile() -> None:
-    tracker = OverheadTracker(quantile=0.99, window=200, min_samples=32, refresh_every=8)
+    tracker = OverheadTracker(quantile=0.99, window=200, max_age_s=30.0, min_samples=32, refresh_every=8)
+    now_s = 100.0
     for _ in range(31):
-        tracker.observe(0.2)
+        tracker.observe(0.2, now_s)
     assert tracker.value_ms == DEFAULT_OVERHEAD_MS
     for i in range(169):
-        tracker.observe(0.2 if i % 50 else 3.0)  # a few slow answers set the margin
+        tracker.observe(0.2 if i % 50 else 3.0, now_s)  # a few slow answers set the margin
     assert 2.0 < tracker.value_ms <= 3.0
     for _ in range(400):  # the window forgets them
-        tracker.observe(0.3)
+        tracker.observe(0.3, now_s)
     assert tracker.value_ms == pytest.approx(0.3)
     for _ in range(16):
-        tracker.observe(-5.0)  # faster than profiled never makes the overhead negative
+        tracker.observe(-5.0, now_s)  # faster than profiled never makes the overhead negative
     assert tracker.value_ms >= 0.0
+
+
+def test_overhead_forgets_a_burst_once_it_is_old() -> None:
+    tracker = OverheadTracker(quantile=0.99, window=2048, max_age_s=30.0, min_samples=32, refresh_every=8)
+    for i in range(200):
+        tracker.observe(40.0, 10.0 + i * 0.01)  # a burst of load: 40 ms over the profile
+    assert tracker.value_ms == pytest.approx(40.0)
+    for i in range(40):
+        tracker.observe(0.5, 45.0 + i * 0.01)  # 35 s later: only the calm answers count
+    assert tracker.value_ms == pytest.approx(0.5)
+    tracker.refresh(200.0)  # nothing recent: back to the prior
+    assert tracker.value_ms == DEFAULT_OVERHEAD_MS
 
 
 def store_with_one_task() -> MemoryStore:
@@ -90,8 +103,8 @@ def test_router_sees_registrations_and_learns_from_answers() -> None:
         warm = router.route("t", 1, slo, now_s=6.0)
         assert not warm.cold and warm.expected_ms == pytest.approx(1.5)
         before = router.overhead.samples
-        router.observe(warm, latency_ms=2.0)
-        router.observe(routed, latency_ms=500.0)  # a cold answer says nothing about the path
+        router.observe(warm, latency_ms=2.0, now_s=7.0)
+        router.observe(routed, latency_ms=500.0, now_s=7.0)  # a cold answer says nothing about the path
         assert router.overhead.samples == before + 1
         await router.close()
         await pool.close()

@@ -151,7 +151,7 @@ async def query(request: Request, principal: TenantPrincipal) -> Response:
         and decision.accuracy >= slo.min_accuracy
         and (slo.max_cost_usd_per_1k is None or cost_per_1k <= slo.max_cost_usd_per_1k)
     )
-    the_router.observe(routed, latency_ms)
+    the_router.observe(routed, latency_ms, time.monotonic())
     meter.record_answer(
         tenant=principal.name,
         task=task.name,
