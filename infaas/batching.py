@@ -118,6 +118,7 @@ class _VariantQueue:
     in_flight: dict[int, float] = field(default_factory=dict)  # batch id → predicted finish (s)
     timer: TimerHandle | None = None
     timer_at_s: float | None = None
+    pump_scheduled: bool = False
 
     def latency_ms(self, rows: int) -> float:
         return self.profile.latency_ms(rows, "p99") + self.overhead_ms
@@ -201,7 +202,11 @@ class AsyncBatcher:
             queue.profile = profile
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         queue.pending.append(_Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future))
-        self._pump(queue)
+        if not queue.pump_scheduled:
+            # Decide at the end of this loop iteration, not now: requests that arrived together
+            # (one read of many sockets) then leave in one batch, at no cost in latency.
+            queue.pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_pump, queue)
         return await future
 
     def _pump(self, queue: _VariantQueue) -> None:
@@ -222,6 +227,11 @@ class AsyncBatcher:
             task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _scheduled_pump(self, queue: _VariantQueue) -> None:
+        queue.pump_scheduled = False
+        if not self._closed:
+            self._pump(queue)
 
     def _arm(self, queue: _VariantQueue, when_s: float | None) -> None:
         if when_s == queue.timer_at_s:

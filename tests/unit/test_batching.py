@@ -96,9 +96,12 @@ async def test_a_full_batch_goes_without_waiting_for_the_deadline() -> None:
     far = timer.now_s() + 10.0
     tasks = [asyncio.create_task(batcher.submit(v, p, rows(float(i)), far)) for i in range(5)]
     await settle()
-    # first alone (idle), then a second slot is free: the next 4 rows fill max batch and go
-    assert [b.shape[0] for _, b in pool.batches] == [1, 4]
-    pool.release(2)
+    # arrived together: 4 rows fill max batch and go; the fifth waits (a batch is running)
+    assert [b.shape[0] for _, b in pool.batches] == [4]
+    pool.release()
+    await settle()
+    assert [b.shape[0] for _, b in pool.batches] == [4, 1]
+    pool.release()
     await asyncio.gather(*tasks)
     await batcher.close()
 
@@ -166,7 +169,7 @@ async def test_per_variant_parameters() -> None:
     for _ in range(3):
         pool.release()
         await settle()
-    assert [b.shape[0] for _, b in pool.batches] == [1, 2, 2]
+    assert [b.shape[0] for _, b in pool.batches] == [2, 2, 1]
     assert batcher.params(v.name) == BatchParams(max_batch=2, max_in_flight=1)
     await asyncio.gather(*tasks)
     await batcher.close()
