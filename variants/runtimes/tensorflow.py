@@ -3,8 +3,8 @@
 Each variant gets a `tf.compat.v1.Session` with per-session thread pools (`intra_op` = the variant's
 threads, `inter_op` = 1), so t1 and t2 variants keep their own thread counts even when one worker
 process hosts both — TF2's eager thread settings are process-wide and frozen at the first op. A
-session call is also several times cheaper than calling the signature eagerly (measured here:
-~0.1–0.4 ms vs ~2 ms for a small MLP at batch 1). CPU variants are pinned to the CPU even where a
+session call also costs about half of an eager signature call for small models at batch 1 (and the
+same for compute-bound ones; `scripts/bench_zoo`). CPU variants are pinned to the CPU even where a
 GPU exists.
 """
 
