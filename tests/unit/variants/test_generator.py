@@ -123,3 +123,36 @@ def test_variants_that_disagree_with_the_reference_are_not_kept_and_nothing_is_p
     assert reasons["lr/onnx-cpu-fp32-t1"].startswith("parity failed: top-1 agreement")
     assert reasons["lr/sklearn-cpu-fp32-t1"].startswith("parity failed")
     assert not any((tmp_path / "artifacts").rglob("*.onnx"))
+
+
+def test_gpu_variants_planned_from_a_lying_probe_are_skipped_not_served_on_cpu(tmp_path: Path) -> None:
+    """A probe that claims CUDA on a CPU-only machine (what get_available_providers() does): the
+    GPU variants are built (fp16 included) but fail to load on CUDA, and are recorded as skipped
+    rather than silently measured on the CPU."""
+    from variants.plan import CUDA_PROVIDER, OrtProviderProbe
+
+    x, y = tiny_models.digits()
+    src, x, ref_probs, staging = _sklearn_setup(tmp_path, tiny_models.sklearn_mlp(x, y))
+    claims_cuda = detect_hardware(FakeProviderProbe([CUDA_PROVIDER]))
+    result = generate(
+        architecture="mlp",
+        kind="sklearn",
+        source=src,
+        reference=load_reference("sklearn", src),
+        input_shape=(64,),
+        validation_x=x,
+        reference_probs=ref_probs,
+        hardware=claims_cuda,
+        staging=staging,
+        now_s=0.0,
+    )
+    gpu_kept = {v.name for v in result.variants if v.spec.hardware == "gpu"}
+    gpu_skipped = {s.name: s.reason for s in result.skipped if "-gpu-" in s.name}
+    if CUDA_PROVIDER in OrtProviderProbe().session_providers():  # a lent GPU machine: they run
+        assert gpu_kept == {"mlp/onnx-gpu-fp32-t1", "mlp/onnx-gpu-fp16-t1"}
+    else:
+        assert gpu_kept == set()
+        assert "needs CUDAExecutionProvider" in gpu_skipped["mlp/onnx-gpu-fp32-t1"]
+        assert "needs CUDAExecutionProvider" in gpu_skipped["mlp/onnx-gpu-fp16-t1"]
+    assert "TensorrtExecutionProvider" in gpu_skipped["mlp/trt-gpu-fp32-t1"]  # not claimed: not planned
+    assert {v.name for v in result.variants if v.spec.hardware == "cpu"} >= {"mlp/onnx-cpu-fp32-t1"}
