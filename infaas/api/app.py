@@ -26,6 +26,7 @@ from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
 from infaas.workers.base import WorkerPool
+from infaas.workers.inprocess import InProcessPool
 from profiler.process import ProcessProfiler
 
 __all__ = ["create_app"]
@@ -46,13 +47,16 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The query path: worker pool (a lean local Ray unless settings.ray_address) → batcher →
         # router; the meter flushes usage in the background and once more at shutdown.
+        local: InProcessPool | None = None
         if pool is None:
             from infaas.workers.ray_pool import RayPool  # only this path imports ray
 
             the_pool: WorkerPool = RayPool(settings)
+            # Variants faster than the Ray hop (~10 µs ONNX models) answer in the front end.
+            local = InProcessPool(settings.artifacts_dir, memory_budget_mb=256.0)
         else:
             the_pool = pool
-        batcher = AsyncBatcher(the_pool)
+        batcher = AsyncBatcher(the_pool, local=local)
         the_router = Router(the_store, the_pool, batcher)
         the_router.refresh()
         the_router.start()
@@ -67,6 +71,8 @@ def create_app(
             await flusher.close()
             if pool is None:
                 await the_pool.close()
+            if local is not None:
+                await local.close()
             if owned_store:
                 the_store.close()
 
