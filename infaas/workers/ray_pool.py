@@ -389,6 +389,8 @@ class RayPool:
         self._closed = True
         import ray
 
+        for task in list(self._restarts):
+            task.cancel()
         for worker in self._workers.values():
             try:
                 ray.kill(worker.handle, no_restart=True)
