@@ -10,9 +10,9 @@ It keeps three things current and hands them to the pure policy on every query:
   batcher);
 - the *path's overhead*: what the service adds on top of the profiled run time (parsing, the
   batching wait beyond prediction, the Ray hop, the reply), measured on every answered query as
-  ``latency_ms - (profile p99 + predicted queueing)`` and kept as a high quantile over a sliding
-  window (`OverheadTracker`). Adding that quantile to every prediction is what makes ``slo_met``
-  hold for the great majority of answers, not just the profile's p99 of the model's own run time.
+  ``latency_ms - (profile p99 + predicted queueing)`` and kept, per runtime, as a high quantile
+  over a sliding window (`OverheadTracker`). Adding that quantile to every prediction is what
+  makes ``slo_met`` hold for the great majority of answers, not just the model's own p99.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class Routed:
     variant: Variant
     profile: Profile
     cold: bool  # not loaded when decided: its first run includes the load
-    expected_ms: float  # profile p99 at the query's rows + predicted queueing (no overhead)
+    expected_ms: float  # profile p99 at the query's rows + the batcher's predicted queueing
 
 
 @dataclass
@@ -190,7 +190,7 @@ class Router:
         pool: WorkerPool,
         batcher: Batcher,
         *,
-        overhead: OverheadTracker | None = None,
+        overhead_factory: Callable[[], OverheadTracker] = OverheadTracker,
         refresh_interval_s: float = 2.0,
         miss_refresh_interval_s: float = 0.5,
         loaded_ttl_s: float = 0.02,
@@ -198,7 +198,10 @@ class Router:
         self._store = store
         self._pool = pool
         self._batcher = batcher
-        self.overhead = overhead or OverheadTracker()
+        # One estimate per runtime: a TensorFlow worker under load adds far more than an ONNX
+        # Runtime one, and one global figure would price every variant at the worst runtime's.
+        self._overhead_factory = overhead_factory
+        self.overheads: dict[str, OverheadTracker] = {}
         self._refresh_interval_s = refresh_interval_s
         self._miss_refresh_interval_s = miss_refresh_interval_s
         self._loaded_ttl_s = loaded_ttl_s
@@ -269,15 +272,25 @@ class Router:
             cached = self._loaded[id(table)] = _LoadedCache(at_s=now_s, names=names)
         return cached.names
 
+    def overhead_ms(self, runtime: str) -> float:
+        """The measured path overhead of variants of one runtime (the prior until measured)."""
+        tracker = self.overheads.get(runtime)
+        return tracker.value_ms if tracker is not None else DEFAULT_OVERHEAD_MS
+
     def live_state(self, table: VariantTable, now_s: float) -> LiveState:
+        """Loaded variants, and per live variant its queueing delay plus how much its runtime's
+        overhead exceeds the smallest (the policy adds that smallest to every variant)."""
         loaded = self._loaded_names(table, now_s)
+        base_ms = min((t.value_ms for t in self.overheads.values()), default=DEFAULT_OVERHEAD_MS)
         delays: dict[str, float] = {}
+        variants = self._snapshot.variants
         for name in loaded.union(self._batcher.queue_depths()):
             if name in table:
-                delay = self._batcher.queue_delay_ms(name)
+                extra_ms = self.overhead_ms(variants[name][0].spec.runtime) - base_ms
+                delay = self._batcher.queue_delay_ms(name) + extra_ms
                 if delay > 0.0:
                     delays[name] = delay
-        return LiveState(loaded=loaded, queue_delay_ms=delays, overhead_ms=self.overhead.value_ms)
+        return LiveState(loaded=loaded, queue_delay_ms=delays, overhead_ms=base_ms)
 
     # ---- the decision -------------------------------------------------------------------
     def route(
@@ -356,7 +369,7 @@ class Router:
             variant=variant,
             profile=profile,
             cold=decision.variant not in live.loaded,
-            expected_ms=profile.latency_ms(rows, "p99") + live.queue_delay_ms.get(decision.variant, 0.0),
+            expected_ms=profile.latency_ms(rows, "p99") + self._batcher.queue_delay_ms(decision.variant),
         )
 
     def _infeasible_error(
@@ -390,7 +403,11 @@ class Router:
         """Learn from an answered query: how far the measured latency was above the profile's
         run time plus the predicted queueing. Cold loads are one-off and left out."""
         if not routed.cold:
-            self.overhead.observe(latency_ms - routed.expected_ms, now_s)
+            runtime = routed.variant.spec.runtime
+            tracker = self.overheads.get(runtime)
+            if tracker is None:
+                tracker = self.overheads[runtime] = self._overhead_factory()
+            tracker.observe(latency_ms - routed.expected_ms, now_s)
 
     def _hint(self, name: str) -> None:
         if name in self._hinted:

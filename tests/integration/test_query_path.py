@@ -1,28 +1,34 @@
-"""The query path for real: uvicorn on a free port, Ray workers, the SQLite store, the small zoo.
+"""The query path for real: `infaas serve` (uvicorn) on a free port in its own process, Ray
+workers, the SQLite store, the small zoo.
 
-One app (one Ray) for the whole module. Every decision is checked against the measured profiles in
+One server (one Ray) for the whole module. Every decision is checked against the measured profiles in
 the store: the answer is the cheapest feasible variant, an infeasible target names the right
 alternatives, and usage totals equal the sum of what the responses charged, exactly.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
-from infaas.api import create_app
 from infaas.client import Client
 from infaas.errors import Forbidden, NoFeasibleVariant
 from infaas.settings import Settings
 from infaas.store import open_store
 from infaas.types import Profile, Variant
-from tests.integration.conftest import LiveServer, serve_app
+from tests.integration.conftest import free_port
 from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -30,20 +36,76 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TOL_MS = 0.01  # responses round predictions to 1e-4 ms; stay clear of boundaries by this much
 
 
+@dataclass
+class Served:
+    url: str
+    settings: Settings
+    admin_key: str
+
+    def client(self, key: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0)
+
+    def new_tenant(self, name: str) -> str:
+        with self.client(self.admin_key) as c:
+            r = c.post("/v1/admin/tenants", json={"name": name})
+            assert r.status_code == 201, r.text
+            key: str = r.json()["api_key"]
+            return key
+
+
 @pytest.fixture(scope="module")
-def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`infaas serve` in its own process, as deployed: its latencies are not distorted by the test's
+    client threads sharing its GIL."""
     data_dir = tmp_path_factory.mktemp("query-path") / "data"
     shutil.copytree(small_zoo.data_dir, data_dir)  # the session's zoo is shared: work on a copy
     settings = Settings(data_dir=data_dir, admin_key="admin-test-key", usage_flush_interval_s=0.2)
-    app = create_app(settings)
-    for url in serve_app(app):
-        yield LiveServer(url=url, app=app, admin_key="admin-test-key")
+    port = free_port()
+    env = {
+        **os.environ,
+        "INFAAS_DATA_DIR": str(data_dir),
+        "INFAAS_ADMIN_KEY": settings.admin_key or "",
+        "INFAAS_USAGE_FLUSH_INTERVAL_S": "0.2",
+        "INFAAS_PORT": str(port),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    log = (data_dir.parent / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from infaas.cli import main; main()", "serve"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"infaas serve exited: {(data_dir.parent / 'serve.log').read_text()[-2000:]}"
+                )
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("infaas serve did not become ready in 120 s")
+            time.sleep(0.2)
+        yield Served(url=url, settings=settings, admin_key="admin-test-key")
+    finally:
+        proc.send_signal(signal.SIGINT)  # a clean shutdown: flush usage, close workers, stop Ray
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture(scope="module")
-def zoo_profiles(server: LiveServer) -> dict[str, tuple[Variant, Profile]]:
-    settings: Settings = server.app.state.settings
-    store = open_store(settings)
+def zoo_profiles(server: Served) -> dict[str, tuple[Variant, Profile]]:
+    store = open_store(server.settings)
     try:
         tasks = {a.name: a.task for a in store.list_architectures()}
         profiles = {p.variant: p for p in store.list_profiles()}
@@ -62,17 +124,13 @@ def digits_rows() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def warm(
-    server: LiveServer, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray
-) -> str:
-    """A tenant key, after every digits variant was loaded by a pinned query through the API."""
+def warm(server: Served, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray) -> str:
+    """A tenant key, after every digits variant answered a pinned query (and so was loaded once)."""
     key = server.new_tenant("warmup")
     with Client(server.url, key) as client:
         for name in zoo_profiles:
             result = client.query(zoo.DIGITS, digits_rows[:1], latency_ms=60_000, variant=name)
             assert result.variant == name and result.outputs.shape == (1, 10)
-    pool = server.app.state.pool
-    assert all(pool.is_loaded(name) for name in zoo_profiles)
     return key
 
 
@@ -81,7 +139,7 @@ def p99(profile: Profile, rows: int = 1) -> float:
 
 
 def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
-    server: LiveServer, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
+    server: Served, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
 ) -> None:
     lats = sorted(p99(p) for _, p in zoo_profiles.values())
     accs = sorted({p.accuracy for _, p in zoo_profiles.values()})
@@ -101,11 +159,18 @@ def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
                     check_alternatives(exc, zoo_profiles, latency_ms, min_accuracy)
                     continue
                 chosen.add(result.variant)
-                assert result.load_hint is None  # everything is loaded: no reason to serve elsewhere
-                _, profile = zoo_profiles[result.variant]
-                # what the router added to the profile: queueing (idle here: 0) + measured overhead
-                overhead_ms = result.predicted_latency_ms - p99(profile)
+                _, served = zoo_profiles[result.variant]
+                # What the router added to the profile: queueing (idle here: 0), the measured
+                # overhead and, for a variant that was cold, its load.
+                overhead_ms = result.predicted_latency_ms - p99(served)
+                if "cold" in result.reason and result.load_hint is None:
+                    overhead_ms -= (served.load_time_s + served.warmup_s) * 1000.0
                 assert overhead_ms >= -TOL_MS
+                assert served.accuracy >= min_accuracy
+                assert p99(served) + overhead_ms <= latency_ms + TOL_MS
+                # served on a loaded variant while a cheaper cold one loads: the hint is the cheapest
+                cheapest = result.load_hint or result.variant
+                _, profile = zoo_profiles[cheapest]
                 assert profile.accuracy >= min_accuracy
                 assert p99(profile) + overhead_ms <= latency_ms + TOL_MS
                 cost = profile.cost_usd_per_1k(1)
@@ -114,7 +179,7 @@ def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
                         other.accuracy >= min_accuracy and p99(other) + overhead_ms <= latency_ms - TOL_MS
                     )
                     assert not (feasible and other.cost_usd_per_1k(1) < cost), (
-                        f"{name} is feasible and cheaper than {result.variant} "
+                        f"{name} is feasible and cheaper than {cheapest} "
                         f"at latency {latency_ms} ms, accuracy {min_accuracy}"
                     )
     assert infeasible > 0 and len(chosen) >= 2, (infeasible, chosen)
@@ -161,7 +226,7 @@ def check_alternatives(
 
 
 def test_infeasible_targets_name_the_alternatives(
-    server: LiveServer, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
+    server: Served, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
 ) -> None:
     best_accuracy = max(p.accuracy for _, p in zoo_profiles.values())
     with Client(server.url, warm) as client:
@@ -181,11 +246,13 @@ def test_infeasible_targets_name_the_alternatives(
 
 
 def test_moderate_load_meets_the_slo_for_99_percent(
-    server: LiveServer, digits_rows: np.ndarray, warm: str
+    server: Served, digits_rows: np.ndarray, warm: str
 ) -> None:
     """The prediction includes the path's measured overhead, so what the router promises holds:
     of the answered queries, at least 99 % are within their latency target measured at the server.
     (A target the measured overhead makes infeasible is refused with 422, not answered late.)"""
+
+    seen: list[object] = []
 
     def work(worker: int) -> tuple[list[bool], int]:
         met, refused = [], 0
@@ -193,21 +260,25 @@ def test_moderate_load_meets_the_slo_for_99_percent(
             for i in range(60):
                 rows = digits_rows[: 1 + (worker + i) % 4]
                 try:
-                    met.append(client.query(zoo.DIGITS, rows, latency_ms=25.0, min_accuracy=0.9).slo_met)
-                except NoFeasibleVariant:
+                    r = client.query(zoo.DIGITS, rows, latency_ms=25.0, min_accuracy=0.9)
+                    met.append(r.slo_met)
+                    seen.append((r.variant, r.predicted_latency_ms, r.latency_ms, r.batch_rows))
+                except NoFeasibleVariant as exc:
                     refused += 1
+                    seen.append(exc.fields["alternatives"]["fastest_meeting_accuracy"])
         return met, refused
 
     with ThreadPoolExecutor(max_workers=4) as ex:
         results = [f.result() for f in [ex.submit(work, w) for w in range(4)]]
     met = [m for ms, _ in results for m in ms]
     refused = sum(r for _, r in results)
-    assert len(met) >= 0.5 * (len(met) + refused), f"{refused} refused of {len(met) + refused}"
+    assert len(met) >= 0.5 * (len(met) + refused), f"{refused} refused of {len(met) + refused}: {seen[:40]}"
+    assert sum(met) / len(met) >= 0.99, f"{len(met) - sum(met)} of {len(met)} answered missed: {seen[:60]}"
     assert sum(met) / len(met) >= 0.99, f"{len(met) - sum(met)} of {len(met)} answered queries missed"
 
 
 def test_three_tenants_concurrently_usage_equals_charged_costs_exactly(
-    server: LiveServer, digits_rows: np.ndarray, warm: str
+    server: Served, digits_rows: np.ndarray, warm: str
 ) -> None:
     keys = {name: server.new_tenant(name) for name in ("acme", "globex", "initech")}
     # generous targets: under this load every answer must come back (and be charged)
@@ -244,7 +315,7 @@ def test_three_tenants_concurrently_usage_equals_charged_costs_exactly(
         assert totals["slo_met"] == sum(1 for tt, _, met in answers if tt == tenant and met)
 
 
-def test_tenants_are_isolated(server: LiveServer, digits_rows: np.ndarray) -> None:
+def test_tenants_are_isolated(server: Served, digits_rows: np.ndarray) -> None:
     a, b = server.new_tenant("iso-a"), server.new_tenant("iso-b")
     with Client(server.url, a) as client:
         client.query(zoo.DIGITS, digits_rows[:1], latency_ms=1000)
