@@ -272,9 +272,9 @@ def test_moderate_load_meets_the_slo_for_99_percent(
         results = [f.result() for f in [ex.submit(work, w) for w in range(4)]]
     met = [m for ms, _ in results for m in ms]
     refused = sum(r for _, r in results)
+    # the router learns the overhead per runtime, so the target stays servable on the fast ones
     assert len(met) >= 0.5 * (len(met) + refused), f"{refused} refused of {len(met) + refused}: {seen[:40]}"
     assert sum(met) / len(met) >= 0.99, f"{len(met) - sum(met)} of {len(met)} answered missed: {seen[:60]}"
-    assert sum(met) / len(met) >= 0.99, f"{len(met) - sum(met)} of {len(met)} answered queries missed"
 
 
 def test_three_tenants_concurrently_usage_equals_charged_costs_exactly(
