@@ -305,8 +305,14 @@ def query(
                         f"{alt['predicted_latency_ms']:.3f}",
                         f"{alt['cost_usd_per_1k']:.3g}",
                     )
-            console.print(table)
-            console.print("Next: relax --latency-ms or --min-accuracy to one of the alternatives' numbers.")
+            if table.row_count:
+                console.print(table)
+                console.print("Next: relax --latency-ms or --min-accuracy to an alternative's numbers.")
+            else:
+                console.print(
+                    "no variant reaches that accuracy, and none answers within that latency. "
+                    "Next: lower --min-accuracy and raise --latency-ms, or register a better model."
+                )
             raise typer.Exit(1) from exc
         except InfaasError as exc:
             console.print(f"[red]error:[/] {exc.message}")

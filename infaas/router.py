@@ -190,6 +190,7 @@ class Router:
         pool: WorkerPool,
         batcher: Batcher,
         *,
+        local: WorkerPool | None = None,
         overhead_factory: Callable[[], OverheadTracker] = OverheadTracker,
         refresh_interval_s: float = 2.0,
         miss_refresh_interval_s: float = 0.5,
@@ -197,6 +198,8 @@ class Router:
     ) -> None:
         self._store = store
         self._pool = pool
+        # The batcher's in-process pool for sub-hop variants: a variant loaded there is warm too.
+        self._local = local
         self._batcher = batcher
         # One estimate per runtime: a TensorFlow worker under load adds far more than an ONNX
         # Runtime one, and one global figure would price every variant at the worst runtime's.
@@ -268,7 +271,12 @@ class Router:
     def _loaded_names(self, table: VariantTable, now_s: float) -> frozenset[str]:
         cached = self._loaded.get(id(table))
         if cached is None or now_s - cached.at_s > self._loaded_ttl_s:
-            names = frozenset(n for n in table.variants if self._pool.is_loaded(n))
+            local = self._local
+            names = frozenset(
+                n
+                for n in table.variants
+                if self._pool.is_loaded(n) or (local is not None and local.is_loaded(n))
+            )
             cached = self._loaded[id(table)] = _LoadedCache(at_s=now_s, names=names)
         return cached.names
 

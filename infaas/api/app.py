@@ -57,7 +57,7 @@ def create_app(
         else:
             the_pool = pool
         batcher = AsyncBatcher(the_pool, local=local)
-        the_router = Router(the_store, the_pool, batcher)
+        the_router = Router(the_store, the_pool, batcher, local=local)
         the_router.refresh()
         the_router.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
