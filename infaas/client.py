@@ -70,10 +70,21 @@ class QueryResult:
 class Client:
     """A synchronous client for one infaas server and one API key."""
 
-    def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (tests: `httpx.MockTransport`)."""
         self.url = url.rstrip("/")
         self._http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout_s,
+            transport=transport,
         )
 
     def __enter__(self) -> Client:
