@@ -6,12 +6,15 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from infaas.settings import Settings
+
+if TYPE_CHECKING:
+    from infaas.store import MetadataStore
 
 __all__ = ["app", "main"]
 
@@ -27,6 +30,7 @@ def load_settings() -> Settings:
 def serve(
     host: str | None = typer.Option(None, help="Bind address (default: INFAAS_HOST or 127.0.0.1)."),
     port: int | None = typer.Option(None, help="Port (default: INFAAS_PORT or 8000)."),
+    demo: bool = typer.Option(False, "--demo", help="(Re)create tenant 'demo' and print a query to paste."),
 ) -> None:
     """Run the service in the foreground."""
     import uvicorn
@@ -38,19 +42,48 @@ def serve(
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow, not read by infaas
     application = create_app(settings)
     url = f"http://{settings.host}:{settings.port}"
+    admin = application.state.admin_key
     console.print(f"[bold green]infaas[/] serving on [bold]{url}[/]  (data: {settings.data_dir})")
-    console.print(f"admin key: [bold]{application.state.admin_key}[/]  (also in {settings.admin_key_path})")
-    example = {"task": "digits-classification", "inputs": [[0.0] * 64], "latency_ms": 20, "min_accuracy": 0.9}
-    console.print("create a tenant, then query:")
-    console.print(
-        f"  curl -s -X POST {url}/v1/admin/tenants -H 'Authorization: Bearer {application.state.admin_key}' "
-        "-H 'Content-Type: application/json' -d '{\"name\": \"demo\"}'"
-    )
-    console.print(
-        f"  curl -s -X POST {url}/v1/query -H 'Authorization: Bearer <tenant key>' "
-        f"-H 'Content-Type: application/json' -d '{json.dumps(example)}'"
-    )
+    console.print(f"admin key: [bold]{admin}[/]  (also in {settings.admin_key_path})")
+    console.print(f"dashboard: {url}/dashboard   metrics: {url}/metrics   API docs: {url}/docs")
+    if demo:
+        key = _demo_tenant_key(application.state.store)
+        row = _example_digit_row()
+        body = {"task": "digits-classification", "inputs": [row], "latency_ms": 20, "min_accuracy": 0.95}
+        console.print("tenant [bold]demo[/] key: " + key)
+        console.print("try (a real 8×8 digit; infaas picks the cheapest variant meeting 20 ms and 95 %):")
+        console.print(
+            f"  curl -s -X POST {url}/v1/query -H 'Authorization: Bearer {key}' "
+            f"-H 'Content-Type: application/json' -d '{json.dumps(body)}'",
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"create a tenant: infaas tenants are made with POST {url}/v1/admin/tenants (admin key)"
+        )
     uvicorn.run(application, host=settings.host, port=settings.port, log_level="warning")
+
+
+def _demo_tenant_key(store: MetadataStore) -> str:
+    """A fresh key for tenant 'demo': keys are shown once, so a restart revokes and re-creates it."""
+    import time
+
+    from infaas.api.auth import new_api_key
+    from infaas.types import Tenant
+
+    existing = store.get_tenant("demo")
+    if existing is not None and not existing.revoked:
+        store.revoke_tenant("demo")
+    key = new_api_key()
+    store.create_tenant(Tenant(name="demo", created_at_s=time.time()), key)
+    return key
+
+
+def _example_digit_row() -> list[float]:
+    """A held-out row of the zoo's digits test split, scaled as the zoo models expect."""
+    from variants.zoo import DIGITS, load_split
+
+    return [round(float(v), 4) for v in load_split(DIGITS).x_test[0]]
 
 
 @app.command("admin-key")
