@@ -5,7 +5,9 @@ It keeps three things current and hands them to the pure policy on every query:
 - a *snapshot* of tasks, architectures, variants and profiles from the store, as one
   `VariantTable` per task and per architecture; rebuilt in the background when the store's
   registrations or profiles change, and at once (rate-limited) when a query names something the
-  snapshot does not know yet;
+  snapshot does not know yet. Profiles measured on another machine (a different fingerprint:
+  CPU model, cores, GPU) and failed profiles are left out, with a log line, so latencies measured
+  elsewhere are never mixed in silently; their variants serve again once profiled here;
 - *live state*: which variants are loaded (the worker pool) and each one's queueing delay (the
   batcher);
 - the *path's overhead*: what the service adds on top of the profiled run time (parsing, the
@@ -37,8 +39,9 @@ from infaas.errors import (
 )
 from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
 from infaas.store import MetadataStore
-from infaas.types import SLO, Architecture, Profile, Task, Variant
+from infaas.types import SLO, Architecture, MachineInfo, Profile, Task, Variant
 from infaas.workers.base import Batcher, WorkerPool
+from profiler.machine import is_foreign, local_machine
 
 __all__ = ["OverheadTracker", "Routed", "Router", "Snapshot"]
 
@@ -114,19 +117,35 @@ class Snapshot:
     variants: dict[str, tuple[Variant, Profile | None]]
     by_task: dict[str, VariantTable]
     by_architecture: dict[str, VariantTable]
+    excluded: dict[str, str] = field(default_factory=dict)  # variant → why its profile is not used
 
     @classmethod
     def empty(cls) -> Snapshot:
         return cls("", {}, {}, {}, {}, {})
 
     @classmethod
-    def load(cls, store: MetadataStore) -> Snapshot:
+    def load(cls, store: MetadataStore, local: MachineInfo | None = None) -> Snapshot:
+        """The store's registrations with the profiles usable on `local` (default: this machine)."""
+        here = local if local is not None else local_machine()
         tasks = {t.name: t for t in store.list_tasks()}
         archs = {a.name: a for a in store.list_architectures()}
-        profiles = {p.variant: p for p in store.list_profiles()}
-        variants = {
-            v.name: (v, profiles.get(v.name)) for v in store.list_variants() if v.architecture in archs
-        }
+        stored = {v.name: v for v in store.list_variants() if v.architecture in archs}
+        profiles: dict[str, Profile] = {}
+        excluded: dict[str, str] = {}
+        for p in store.list_profiles():
+            variant = stored.get(p.variant)
+            if variant is None:
+                continue
+            if p.status != "ok":
+                excluded[p.variant] = f"its profiling failed ({p.error or 'no reason recorded'})"
+            elif is_foreign(p, here):
+                excluded[p.variant] = (
+                    f"it was profiled on another machine ({p.machine.fingerprint}; here "
+                    f"{here.fingerprint}): run `infaas profile {variant.architecture}` to measure it here"
+                )
+            else:
+                profiles[p.variant] = p
+        variants = {name: (v, profiles.get(name)) for name, v in stored.items()}
         digest = hashlib.sha256()
         for name in sorted(tasks):
             digest.update(tasks[name].model_dump_json().encode())
@@ -136,7 +155,8 @@ class Snapshot:
             variant, profile = variants[name]
             digest.update(variant.sha256.encode() + name.encode())
             digest.update(profile.model_dump_json().encode() if profile else b"-")
-        return cls.build(digest.hexdigest(), tasks, archs, variants)
+            digest.update(excluded.get(name, "").encode())
+        return cls.build(digest.hexdigest(), tasks, archs, variants, excluded)
 
     @classmethod
     def build(
@@ -145,6 +165,7 @@ class Snapshot:
         tasks: dict[str, Task],
         archs: dict[str, Architecture],
         variants: dict[str, tuple[Variant, Profile | None]],
+        excluded: dict[str, str] | None = None,
     ) -> Snapshot:
         by_arch: dict[str, list[tuple[Variant, Profile]]] = {name: [] for name in archs}
         by_task: dict[str, list[tuple[Variant, Profile]]] = {name: [] for name in tasks}
@@ -160,6 +181,7 @@ class Snapshot:
             variants=variants,
             by_task={name: VariantTable(entries) for name, entries in by_task.items()},
             by_architecture={name: VariantTable(entries) for name, entries in by_arch.items()},
+            excluded=dict(excluded or {}),
         )
 
 
@@ -195,8 +217,10 @@ class Router:
         refresh_interval_s: float = 2.0,
         miss_refresh_interval_s: float = 0.5,
         loaded_ttl_s: float = 0.02,
+        machine: MachineInfo | None = None,
     ) -> None:
         self._store = store
+        self._machine = machine if machine is not None else local_machine()
         self._pool = pool
         # The batcher's in-process pool for sub-hop variants: a variant loaded there is warm too.
         self._local = local
@@ -223,14 +247,23 @@ class Router:
 
     def refresh(self) -> bool:
         """Reload the snapshot from the store; True when it changed."""
-        fresh = Snapshot.load(self._store)
+        fresh = Snapshot.load(self._store, self._machine)
         if fresh.fingerprint == self._snapshot.fingerprint:
             return False
+        self._adopt(fresh)
+        return True
+
+    def _adopt(self, fresh: Snapshot) -> None:
+        if fresh.excluded != self._snapshot.excluded and fresh.excluded:
+            log.warning(
+                "router: %d variant(s) not served from their stored profile: %s",
+                len(fresh.excluded),
+                "; ".join(f"{name}: {why}" for name, why in sorted(fresh.excluded.items())),
+            )
         self._snapshot = fresh
         self._loaded.clear()
         for fn in self.on_refresh:
             fn(fresh)
-        return True
 
     def start(self) -> None:
         """Start the background refresh (call from the running event loop)."""
@@ -240,15 +273,12 @@ class Router:
         while True:
             await asyncio.sleep(self._refresh_interval_s)
             try:
-                fresh = await asyncio.to_thread(Snapshot.load, self._store)
+                fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
             except Exception:
                 log.exception("router snapshot refresh failed; keeping the previous one")
                 continue
             if fresh.fingerprint != self._snapshot.fingerprint:
-                self._snapshot = fresh
-                self._loaded.clear()
-                for fn in self.on_refresh:
-                    fn(fresh)
+                self._adopt(fresh)
 
     def _refresh_on_miss(self, now_s: float) -> bool:
         # A name the snapshot lacks may have just been registered; look once, but not on every
@@ -353,9 +383,8 @@ class Router:
             raise InvalidInput(f"variant {name!r} serves task {arch.task!r}, not {task.name!r}", variant=name)
         table = snap.by_architecture[arch.name]
         if profile is None or name not in table:
-            raise Unavailable(
-                f"variant {name!r} has no usable profile yet; retry once it is profiled", variant=name
-            )
+            why = snap.excluded.get(name, "it has no usable profile yet; retry once it is profiled")
+            raise Unavailable(f"variant {name!r} is not served: {why}", variant=name)
         if rows > found.spec.max_batch:
             raise InvalidInput(
                 f"{rows} rows is more than variant {name!r} accepts (at most {found.spec.max_batch})",

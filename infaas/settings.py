@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     max_request_mb: float = Field(default=16.0, gt=0, description="Largest accepted query body.")
     worker_memory_budget_mb: float = Field(default=2048.0, gt=0, description="Per worker process.")
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
+    autoscale_interval_s: float = Field(default=1.0, ge=0, description="Autoscaler round; 0: off.")
+    autoscale_downscale_delay_s: float = Field(
+        default=60.0, ge=0, description="How long a variant stays idle before its replicas are unloaded."
+    )
     require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
 
     @field_validator("data_dir", "price_table", mode="after")

@@ -345,6 +345,7 @@ class WorkerInfo(_Value):
     memory_used_mb: float
     memory_budget_mb: float
     queue_depth: int = 0
+    pid: int | None = None  # the worker's OS process (None until it answered once)
 
 
 class FleetEvent(_Value):

@@ -17,14 +17,17 @@ from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
 from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
 from infaas.api.routes import models as model_routes
+from infaas.autoscaler import ArrivalWindow, Autoscaler
 from infaas.batching import AsyncBatcher
 from infaas.metering import Meter, MeterFlusher
 from infaas.metrics import Metrics
+from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.registry import build_registry
 from infaas.routelog import RouteLog
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
+from infaas.types import MachineInfo
 from infaas.workers.base import WorkerPool
 from infaas.workers.inprocess import InProcessPool
 from profiler.process import ProcessProfiler
@@ -35,10 +38,15 @@ _MB = 1024 * 1024
 
 
 def create_app(
-    settings: Settings, *, store: MetadataStore | None = None, pool: WorkerPool | None = None
+    settings: Settings,
+    *,
+    store: MetadataStore | None = None,
+    pool: WorkerPool | None = None,
+    machine: MachineInfo | None = None,
 ) -> FastAPI:
     """Build the service. `store` overrides the one the settings name, `pool` the Ray worker pool
-    (tests and tiny setups pass an in-process one); what is passed in is not closed here."""
+    (tests and tiny setups pass an in-process one); what is passed in is not closed here.
+    `machine` is the fingerprint profiles must carry to be used (default: this machine's)."""
     owned_store = store is None
     the_store = store if store is not None else open_store(settings)
     meter = Meter(the_store)
@@ -57,15 +65,30 @@ def create_app(
         else:
             the_pool = pool
         batcher = AsyncBatcher(the_pool, local=local)
-        the_router = Router(the_store, the_pool, batcher, local=local)
+        the_router = Router(the_store, the_pool, batcher, local=local, machine=machine)
         the_router.refresh()
         the_router.start()
+        # Replicates hot variants and unloads cold ones, from the arrivals the meter sees.
+        arrivals = ArrivalWindow()
+        meter.add_listener(arrivals.listener)
+        autoscaler = Autoscaler(
+            the_pool,
+            lambda: the_router.snapshot.variants,
+            arrivals,
+            config=AutoscalingConfig(downscale_delay_s=settings.autoscale_downscale_delay_s),
+            interval_s=settings.autoscale_interval_s,
+            local=local,
+        )
+        if settings.autoscale_interval_s > 0:
+            autoscaler.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
+        app.state.autoscaler = autoscaler
         try:
             yield
         finally:
+            await autoscaler.close()
             await the_router.close()
             await batcher.close()
             await flusher.close()

@@ -29,13 +29,15 @@ class WorkerPool(Protocol):
         """Load `variant` somewhere if no replica holds it (the router's hint for a cheaper variant)."""
         ...
 
-    async def replicate(self, variant: Variant) -> str:
+    async def replicate(self, variant: Variant, reason: str = "") -> str:
         """Load one more replica of `variant` on a worker that does not hold it yet (the autoscaler's
-        action); returns that worker's id. Raises `Unavailable` when no worker can take it."""
+        action); returns that worker's id. Raises `Unavailable` when no worker can take it.
+        `reason` goes into the fleet event that records it."""
         ...
 
-    async def unload(self, variant: str, worker_id: str | None = None) -> None:
-        """Drop `variant` from `worker_id` (or from every worker holding it)."""
+    async def unload(self, variant: str, worker_id: str | None = None, reason: str = "") -> None:
+        """Drop `variant` from `worker_id` (or from every worker holding it); `reason` goes into the
+        fleet event."""
         ...
 
     def is_loaded(self, variant: str) -> bool: ...

@@ -110,16 +110,16 @@ class InProcessPool:
     async def ensure_loaded(self, variant: Variant) -> None:
         await self._load(variant, reason="requested (router hint or autoscaler)")
 
-    async def replicate(self, variant: Variant) -> str:
+    async def replicate(self, variant: Variant, reason: str = "") -> str:
         """One process holds one replica at most: loads it if absent, returns the worker id."""
-        await self._load(variant, reason="replicate: in-process pool has one worker")
+        await self._load(variant, reason=reason or "replicate: in-process pool has one worker")
         return WORKER_ID
 
-    async def unload(self, variant: str, worker_id: str | None = None) -> None:
+    async def unload(self, variant: str, worker_id: str | None = None, reason: str = "") -> None:
         model = self._models.pop(variant)
         if model is not None:
             model.close()
-            self._events.add("unload", variant, WORKER_ID, "unload requested")
+            self._events.add("unload", variant, WORKER_ID, reason or "unload requested")
 
     def replicas(self, variant: str) -> int:
         return 1 if variant in self._models else 0
@@ -191,16 +191,20 @@ def _artifact_loader(artifacts_dir: Path) -> Callable[[Variant], LoadedModel]:
 
 
 class RecordingPool:
-    """A fake `WorkerPool` for the batcher's tests: records each batch, answers with
-    `echo_outputs`, and while `gated` holds every batch until `release()` lets one through."""
+    """A fake `WorkerPool` for the batcher's and the autoscaler's tests: records each batch,
+    answers with `echo_outputs`, and while `gated` holds every batch until `release()` lets one
+    through. It has `workers` fake workers, so a variant can hold that many replicas; `replicate`
+    and `unload` are recorded as fleet events like the real pools record them."""
 
-    def __init__(self, num_classes: int = 3, *, gated: bool = False) -> None:
+    def __init__(self, num_classes: int = 3, *, gated: bool = False, workers: int = 1) -> None:
         self.num_classes = num_classes
         self.gated = gated
         self.batches: list[tuple[str, np.ndarray]] = []
         self.fail_next: Exception | None = None
         self._releases = asyncio.Semaphore(0)
-        self._loaded: set[str] = set()
+        self._worker_ids = [WORKER_ID] + [f"fake-{i}" for i in range(1, workers)]
+        self._placement: dict[str, list[str]] = {}  # variant → worker ids holding it
+        self._events = EventLog()
         self.closed = False
 
     def release(self, n: int = 1) -> None:
@@ -209,7 +213,7 @@ class RecordingPool:
 
     async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
         self.batches.append((variant.name, batch))
-        self._loaded.add(variant.name)
+        self._placement.setdefault(variant.name, [WORKER_ID])
         if self.gated:
             await self._releases.acquire()
         if self.fail_next is not None:
@@ -218,35 +222,46 @@ class RecordingPool:
         return echo_outputs(batch, self.num_classes)
 
     async def ensure_loaded(self, variant: Variant) -> None:
-        self._loaded.add(variant.name)
+        self._placement.setdefault(variant.name, [WORKER_ID])
 
-    async def replicate(self, variant: Variant) -> str:
-        self._loaded.add(variant.name)
-        return WORKER_ID
+    async def replicate(self, variant: Variant, reason: str = "") -> str:
+        holders = self._placement.setdefault(variant.name, [])
+        free = [w for w in self._worker_ids if w not in holders]
+        if not free:
+            raise Unavailable(f"cannot replicate {variant.name}: every worker holds it", variant=variant.name)
+        holders.append(free[0])
+        self._events.add("replicate", variant.name, free[0], reason or f"replica #{len(holders)}")
+        return free[0]
 
-    async def unload(self, variant: str, worker_id: str | None = None) -> None:
-        self._loaded.discard(variant)
+    async def unload(self, variant: str, worker_id: str | None = None, reason: str = "") -> None:
+        holders = self._placement.get(variant, [])
+        for w in [w for w in holders if worker_id is None or w == worker_id]:
+            holders.remove(w)
+            self._events.add("unload", variant, w, reason or "unload requested")
+        if not holders:
+            self._placement.pop(variant, None)
 
     def replicas(self, variant: str) -> int:
-        return 1 if variant in self._loaded else 0
+        return len(self._placement.get(variant, ()))
 
     def is_loaded(self, variant: str) -> bool:
-        return variant in self._loaded
+        return variant in self._placement
 
     def fleet(self) -> list[WorkerInfo]:
         return [
             WorkerInfo(
-                worker_id=WORKER_ID,
+                worker_id=w,
                 family="fake",
                 alive=True,
-                loaded=tuple(sorted(self._loaded)),
+                loaded=tuple(sorted(v for v, holders in self._placement.items() if w in holders)),
                 memory_used_mb=0.0,
                 memory_budget_mb=0.0,
             )
+            for w in self._worker_ids
         ]
 
     def events(self, limit: int = 50) -> list[FleetEvent]:
-        return []
+        return self._events.recent(limit)
 
     async def close(self) -> None:
         self.closed = True

@@ -312,7 +312,7 @@ class RayPool:
                     f"could not load {variant.name}: {lost.reason}", variant=variant.name
                 ) from None
 
-    async def replicate(self, variant: Variant) -> str:
+    async def replicate(self, variant: Variant, reason: str = "") -> str:
         self._check_open()
         group, family = worker_group(variant)
         async with self._lock(variant.name):
@@ -325,14 +325,15 @@ class RayPool:
                     variant=variant.name,
                 )
             try:
-                await self._load_on(worker, variant, "replicate", f"replica #{len(holders) + 1}")
+                why = f"replica #{len(holders) + 1}" + (f": {reason}" if reason else "")
+                await self._load_on(worker, variant, "replicate", why)
             except _WorkerLost as lost:
                 raise Unavailable(
                     f"could not replicate {variant.name}: {lost.reason}", variant=variant.name
                 ) from None
             return worker.worker_id
 
-    async def unload(self, variant: str, worker_id: str | None = None) -> None:
+    async def unload(self, variant: str, worker_id: str | None = None, reason: str = "") -> None:
         for worker in list(self._workers.values()):
             if variant not in worker.loaded or (worker_id is not None and worker.worker_id != worker_id):
                 continue
@@ -341,7 +342,7 @@ class RayPool:
             except _WorkerLost:
                 continue
             worker.mirror(described)
-            self._events.add("unload", variant, worker.worker_id, "unload requested")
+            self._events.add("unload", variant, worker.worker_id, reason or "unload requested")
 
     def is_loaded(self, variant: str) -> bool:
         return self.replicas(variant) > 0
@@ -367,6 +368,7 @@ class RayPool:
                 memory_used_mb=w.used_mb,
                 memory_budget_mb=self._budget_mb,
                 queue_depth=w.in_flight,
+                pid=w.pid,
             )
             for w in self._workers.values()
         ]

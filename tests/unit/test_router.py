@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from infaas.batching import AsyncBatcher
-from infaas.errors import ArchitectureNotFound, InvalidInput, NoFeasibleVariant, TaskNotFound
+from infaas.errors import ArchitectureNotFound, InvalidInput, NoFeasibleVariant, TaskNotFound, Unavailable
 from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router
 from infaas.store import MemoryStore
-from infaas.types import SLO, Architecture, InputSpec, Task
+from infaas.types import SLO, Architecture, InputSpec, MachineInfo, Profile, Task
 from infaas.workers.inprocess import EchoModel, InProcessPool
-from tests.unit.policy.test_selection import make_entry
+from tests.unit.policy.test_selection import MACHINE, make_entry
 
 
 def test_overhead_is_the_prior_until_measured_then_a_high_quantile() -> None:
@@ -73,7 +73,7 @@ def test_router_sees_registrations_and_learns_from_answers() -> None:
     async def scenario() -> None:
         store = store_with_one_task()
         pool = InProcessPool(loader=lambda v: EchoModel(v.name))
-        router = Router(store, pool, AsyncBatcher(pool), miss_refresh_interval_s=0.0)
+        router = Router(store, pool, AsyncBatcher(pool), miss_refresh_interval_s=0.0, machine=MACHINE)
         router.refresh()
         slo = SLO(latency_ms=100)
         with pytest.raises(NoFeasibleVariant):  # a task without profiled variants yet
@@ -106,6 +106,52 @@ def test_router_sees_registrations_and_learns_from_answers() -> None:
         router.observe(warm, latency_ms=2.0, now_s=7.0)
         router.observe(routed, latency_ms=500.0, now_s=7.0)  # a cold answer says nothing about the path
         assert router.overheads["onnxruntime"].samples == 1
+        await router.close()
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def stored_profile(store: MemoryStore, variant: str) -> Profile:
+    profile = store.get_profile(variant)
+    assert profile is not None
+    return profile
+
+
+def test_profiles_from_another_machine_and_failed_ones_are_left_out_and_said_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        store = store_with_one_task()
+        here = register(store, "here")
+        foreign, failed = register(store, "foreign"), register(store, "failed")
+        elsewhere = MachineInfo(cpu_model="Intel Xeon Platinum 8480", cores=64, gpu="NVIDIA H100")
+        # the foreign one would win on cost if it were mixed in
+        store.put_profile(
+            stored_profile(store, foreign).model_copy(update={"machine": elsewhere, "price_usd_per_s": 0.0})
+        )
+        store.put_profile(
+            stored_profile(store, failed).model_copy(update={"status": "failed", "error": "hung"})
+        )
+        pool = InProcessPool(loader=lambda v: EchoModel(v.name))
+        router = Router(store, pool, AsyncBatcher(pool), machine=MACHINE)
+        with caplog.at_level("WARNING", logger="infaas.router"):
+            router.refresh()
+        assert set(router.snapshot.excluded) == {foreign, failed}
+        assert f"{foreign}: it was profiled on another machine ({elsewhere.fingerprint}" in caplog.text
+        assert "infaas profile foreign" in caplog.text and "profiling failed (hung)" in caplog.text
+        slo = SLO(latency_ms=100)
+        for _ in range(3):
+            assert router.route("t", 1, slo, now_s=0.0).variant.name == here
+        with pytest.raises(Unavailable, match="profiled on another machine"):
+            router.route("t", 1, slo, now_s=0.0, variant=foreign)
+        # profiled here again: served again, and no longer reported
+        store.put_profile(stored_profile(store, foreign).model_copy(update={"machine": MACHINE}))
+        caplog.clear()
+        assert router.refresh()
+        assert set(router.snapshot.excluded) == {failed}
+        assert router.route("t", 1, slo, now_s=1.0).variant.name == foreign
+        assert router.route("t", 1, slo, now_s=1.0, variant=foreign).variant.name == foreign
         await router.close()
         await pool.close()
 

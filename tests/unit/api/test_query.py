@@ -20,7 +20,7 @@ from infaas.settings import Settings
 from infaas.store import MemoryStore
 from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, Architecture, InputSpec, Task
 from infaas.workers.inprocess import EchoModel, InProcessPool
-from tests.unit.policy.test_selection import make_entry
+from tests.unit.policy.test_selection import MACHINE, make_entry
 
 TASK = "toy"
 
@@ -108,7 +108,7 @@ def api(tmp_path: Path) -> Iterator[tuple[AppClient, MemoryStore, dict[str, str]
         data_dir=tmp_path, admin_key="admin-key", max_request_mb=0.05, usage_flush_interval_s=60
     )
     pool = InProcessPool(loader=lambda v: EchoModel(v.name, num_classes=3))
-    app = create_app(settings, store=store, pool=pool)
+    app = create_app(settings, store=store, pool=pool, machine=MACHINE)
     with AppClient(app) as client:
         keys = {}
         for name in ("t1", "t2"):
