@@ -29,7 +29,7 @@ from infaas import errors
 from infaas.metering import MeterRecord
 from infaas.store import MetadataStore
 from infaas.types import LATENCY_BUCKETS_MS, pusd_to_usd
-from infaas.workers.base import Batcher, WorkerPool
+from infaas.workers.base import Batcher, FleetSource
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -137,7 +137,7 @@ class _FleetCollector(Collector):
     """Gauges read from the pool and the batcher at scrape time (they own the live state)."""
 
     def __init__(
-        self, sources: Callable[[], tuple[WorkerPool | None, Batcher | None]], variants: LabelBounds
+        self, sources: Callable[[], tuple[FleetSource | None, Batcher | None]], variants: LabelBounds
     ) -> None:
         self._sources = sources
         self._variants = variants
@@ -193,7 +193,7 @@ class Metrics:
         self,
         store: MetadataStore,
         clock: Callable[[], float],
-        sources: Callable[[], tuple[WorkerPool | None, Batcher | None]] = lambda: (None, None),
+        sources: Callable[[], tuple[FleetSource | None, Batcher | None]] = lambda: (None, None),
         max_label_values: int = 1000,
     ) -> None:
         self.registry = CollectorRegistry()

@@ -27,7 +27,12 @@ ensure_venv() {
   local stamp="$VENV/.installed-${extra:-base}"
   if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
     echo "==> installing infaas${extra:+[$extra]} into .venv (first time: a few minutes)"
-    "$VENV/bin/python" -m pip install -q -e "$target"
+    local log="$VENV/pip-install.log"
+    if ! "$VENV/bin/python" -m pip install -q -e "$target" >"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      echo "error: pip install failed (full log: $log). Check the network access to the package index." >&2
+      return 1
+    fi
     touch "$stamp"
   fi
 }

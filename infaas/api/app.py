@@ -84,6 +84,7 @@ def create_app(
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
+        app.state.local_pool = local
         app.state.autoscaler = autoscaler
         try:
             yield

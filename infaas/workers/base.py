@@ -14,7 +14,15 @@ import numpy as np
 
 from infaas.types import FleetEvent, Profile, Variant, WorkerInfo
 
-__all__ = ["BatchResult", "Batcher", "WorkerPool"]
+__all__ = ["BatchResult", "Batcher", "FleetSource", "WorkerPool"]
+
+
+class FleetSource(Protocol):
+    """What the fleet view and the metrics read: workers and recent decisions (a pool, or several)."""
+
+    def fleet(self) -> list[WorkerInfo]: ...
+
+    def events(self, limit: int = 50) -> list[FleetEvent]: ...
 
 
 class WorkerPool(Protocol):

@@ -8,6 +8,8 @@ front end without a pool shows an empty fleet rather than failing.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -16,9 +18,9 @@ from pydantic import BaseModel, ConfigDict
 from infaas.api.auth import AdminPrincipal
 from infaas.routelog import RouteLog
 from infaas.types import FleetEvent, WorkerInfo
-from infaas.workers.base import Batcher, WorkerPool
+from infaas.workers.base import Batcher, FleetSource
 
-__all__ = ["FleetView", "fleet_sources", "fleet_view", "router"]
+__all__ = ["Fleet", "FleetView", "fleet_sources", "fleet_view", "router"]
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -48,11 +50,25 @@ def fleet_view(
     )
 
 
-def fleet_sources(state: Any) -> tuple[WorkerPool | None, Batcher | None]:
-    """The pool and batcher on `app.state`, or None where the app runs without them."""
-    pool: WorkerPool | None = getattr(state, "pool", None)
+class Fleet:
+    """Several pools seen as one fleet: the Ray workers and the front end's fast-path pool."""
+
+    def __init__(self, pools: Sequence[FleetSource]) -> None:
+        self._pools = pools
+
+    def fleet(self) -> list[WorkerInfo]:
+        return [worker for pool in self._pools for worker in pool.fleet()]
+
+    def events(self, limit: int = 50) -> list[FleetEvent]:
+        merged = heapq.merge(*(p.events(limit) for p in self._pools), key=lambda e: e.at_s)
+        return list(merged)[-limit:] if limit else []
+
+
+def fleet_sources(state: Any) -> tuple[FleetSource | None, Batcher | None]:
+    """The pools and batcher on `app.state`, or None where the app runs without them."""
+    pools = [p for p in (getattr(state, "pool", None), getattr(state, "local_pool", None)) if p is not None]
     batcher: Batcher | None = getattr(state, "batcher", None)
-    return pool, batcher
+    return (Fleet(pools) if pools else None), batcher
 
 
 @router.get("/fleet")
