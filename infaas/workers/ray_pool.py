@@ -54,6 +54,7 @@ from infaas.workers.residency import EventLog, Residency
 __all__ = ["RayPool", "WorkerHost", "init_ray", "worker_group"]
 
 _MB = 1024.0 * 1024.0
+_RESTART_WAIT_S = 120.0  # a restarting TensorFlow worker takes seconds; a lost node never answers
 
 
 def worker_group(variant: Variant) -> tuple[str, str]:
@@ -545,18 +546,28 @@ class RayPool:
         return reason
 
     async def _await_restart(self, worker: _Worker, incarnation: int) -> None:
-        """Mark a crashed worker alive once its actor answers again, or drop it when Ray gave up."""
-        from ray.exceptions import RayActorError
+        """Mark a crashed worker alive once its actor answers again, or drop it when Ray gave up
+        (`ActorDiedError`: no restarts left) or it stays unreachable for `_RESTART_WAIT_S`."""
+        from ray.exceptions import ActorDiedError, RayActorError
 
-        try:
-            described = await worker.handle.describe.remote()
-        except RayActorError as exc:
-            if worker.incarnation == incarnation and not self._closed:
-                self._workers.pop(worker.worker_id, None)
-                self._events.add(
-                    "crash", "-", worker.worker_id, f"worker gone for good: {exc}".splitlines()[0]
-                )
-            return
+        give_up_s = time.monotonic() + _RESTART_WAIT_S
+        while True:
+            try:
+                described = await worker.handle.describe.remote()
+                break
+            except RayActorError as exc:
+                # ActorUnavailableError: the call reached the dead process before Ray noticed, or
+                # the actor is still restarting. Ask again; only a death without restart is final.
+                gone = isinstance(exc, ActorDiedError) or time.monotonic() > give_up_s
+                if worker.incarnation != incarnation or self._closed:
+                    return
+                if gone:
+                    self._workers.pop(worker.worker_id, None)
+                    self._events.add(
+                        "crash", "-", worker.worker_id, f"worker gone for good: {exc}".splitlines()[0]
+                    )
+                    return
+            await asyncio.sleep(0.2)
         if worker.incarnation == incarnation:
             worker.alive = True
             worker.mirror(described)

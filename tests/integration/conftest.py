@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -59,6 +66,77 @@ def serve_app(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@dataclass
+class Served:
+    """`infaas serve` running in its own process (see `serve_process`)."""
+
+    url: str
+    settings: Settings
+    admin_key: str
+    pid: int
+
+    def client(self, key: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0)
+
+    def new_tenant(self, name: str) -> str:
+        with self.client(self.admin_key) as c:
+            r = c.post("/v1/admin/tenants", json={"name": name})
+            assert r.status_code == 201, r.text
+            key: str = r.json()["api_key"]
+            return key
+
+
+@contextmanager
+def serve_process(source: Settings, workdir: Path) -> Iterator[Served]:
+    """`infaas serve` in its own process, as deployed (its latencies are not distorted by the
+    test's client threads sharing its GIL), on a copy of `source`'s data dir under `workdir` (the
+    session's zoo is shared: work on a copy). Stopped with SIGINT: usage flushed, workers closed,
+    Ray stopped."""
+    data_dir = workdir / "data"
+    shutil.copytree(source.data_dir, data_dir)
+    settings = Settings(data_dir=data_dir, admin_key="admin-test-key", usage_flush_interval_s=0.2)
+    port = free_port()
+    env = {
+        **os.environ,
+        "INFAAS_DATA_DIR": str(data_dir),
+        "INFAAS_ADMIN_KEY": settings.admin_key or "",
+        "INFAAS_USAGE_FLUSH_INTERVAL_S": "0.2",
+        "INFAAS_PORT": str(port),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    log_path = workdir / "serve.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from infaas.cli import main; main()", "serve"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"infaas serve exited: {log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("infaas serve did not become ready in 120 s")
+            time.sleep(0.2)
+        yield Served(url=url, settings=settings, admin_key="admin-test-key", pid=proc.pid)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 def _quick_profiling(app: FastAPI, settings: Settings) -> None:

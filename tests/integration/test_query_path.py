@@ -8,18 +8,11 @@ alternatives, and usage totals equal the sum of what the responses charged, exac
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -28,7 +21,7 @@ from infaas.errors import Forbidden, NoFeasibleVariant
 from infaas.settings import Settings
 from infaas.store import open_store
 from infaas.types import Profile, Variant
-from tests.integration.conftest import free_port
+from tests.integration.conftest import Served, serve_process
 from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -36,71 +29,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TOL_MS = 0.01  # responses round predictions to 1e-4 ms; stay clear of boundaries by this much
 
 
-@dataclass
-class Served:
-    url: str
-    settings: Settings
-    admin_key: str
-
-    def client(self, key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0)
-
-    def new_tenant(self, name: str) -> str:
-        with self.client(self.admin_key) as c:
-            r = c.post("/v1/admin/tenants", json={"name": name})
-            assert r.status_code == 201, r.text
-            key: str = r.json()["api_key"]
-            return key
-
-
 @pytest.fixture(scope="module")
 def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """`infaas serve` in its own process, as deployed: its latencies are not distorted by the test's
-    client threads sharing its GIL."""
-    data_dir = tmp_path_factory.mktemp("query-path") / "data"
-    shutil.copytree(small_zoo.data_dir, data_dir)  # the session's zoo is shared: work on a copy
-    settings = Settings(data_dir=data_dir, admin_key="admin-test-key", usage_flush_interval_s=0.2)
-    port = free_port()
-    env = {
-        **os.environ,
-        "INFAAS_DATA_DIR": str(data_dir),
-        "INFAAS_ADMIN_KEY": settings.admin_key or "",
-        "INFAAS_USAGE_FLUSH_INTERVAL_S": "0.2",
-        "INFAAS_PORT": str(port),
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-    }
-    log = (data_dir.parent / "serve.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from infaas.cli import main; main()", "serve"],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"infaas serve exited: {(data_dir.parent / 'serve.log').read_text()[-2000:]}"
-                )
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("infaas serve did not become ready in 120 s")
-            time.sleep(0.2)
-        yield Served(url=url, settings=settings, admin_key="admin-test-key")
-    finally:
-        proc.send_signal(signal.SIGINT)  # a clean shutdown: flush usage, close workers, stop Ray
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with serve_process(small_zoo, tmp_path_factory.mktemp("query-path")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,138 @@
+"""A worker killed mid-load does not lose a request silently (issue 5), through the real service.
+
+`infaas serve` in its own process over a copy of the small zoo; concurrent ``/v1/query`` requests
+pinned to the Keras variant (TensorFlow variants always run in a Ray worker, never on the front
+end's fast path); the worker process hosting it is SIGKILLed while they are in flight. Every
+request must come back, within the client's timeout, either with the right answer or with a 503
+whose JSON body names the reason; the worker's actor restarts and the service answers again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from infaas.settings import Settings
+from infaas.store import open_store
+from tests.integration.conftest import Served, serve_process
+from variants import zoo
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+CLIENTS = 6
+REQUEST_TIMEOUT_S = 90.0  # a hung request fails the test through this timeout
+
+
+@pytest.fixture(scope="module")
+def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    # A server of its own: killing its workers must not disturb other modules' tests.
+    with serve_process(small_zoo, tmp_path_factory.mktemp("worker-crash")) as served:
+        yield served
+
+
+def tensorflow_variant(settings: Settings) -> str:
+    store = open_store(settings)
+    try:
+        ok = {p.variant for p in store.list_profiles() if p.status == "ok"}
+        names = [v.name for v in store.list_variants() if v.spec.runtime == "tensorflow" and v.name in ok]
+    finally:
+        store.close()
+    assert names, "the small zoo has a profiled TensorFlow variant"
+    return sorted(names)[0]
+
+
+def fleet(server: Served) -> dict[str, Any]:
+    with server.client(server.admin_key) as http:
+        r = http.get("/v1/admin/fleet", params={"events": 200})
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+
+def holder(server: Served, variant: str) -> dict[str, Any]:
+    workers = [w for w in fleet(server)["workers"] if variant in w["loaded"] and w["alive"]]
+    assert len(workers) == 1, workers
+    return workers[0]
+
+
+def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(server: Served) -> None:
+    variant = tensorflow_variant(server.settings)
+    rows = zoo.load_split(zoo.DIGITS).x_test[:4]
+    key = server.new_tenant("crash")
+
+    def query(http: httpx.Client, n: int) -> httpx.Response:
+        body = {"task": zoo.DIGITS, "inputs": rows[:n].tolist(), "latency_ms": 60_000, "variant": variant}
+        return http.post("/v1/query", json=body, timeout=REQUEST_TIMEOUT_S)
+
+    with server.client(key) as http:
+        first = query(http, len(rows))
+        assert first.status_code == 200, first.text
+    expected = np.asarray(first.json()["outputs"])
+    victim = holder(server, variant)
+    assert victim["family"] == "tensorflow" and victim["pid"] is not None
+
+    stop = threading.Event()
+    answered = threading.Event()
+
+    def client(worker: int) -> list[tuple[int, int, dict[str, Any]]]:
+        out = []
+        with server.client(key) as http:
+            i = 0
+            while not stop.is_set():
+                n = 1 + (worker + i) % len(rows)
+                r = query(http, n)
+                out.append((n, r.status_code, r.json()))
+                answered.set()
+                i += 1
+        return out
+
+    with ThreadPoolExecutor(max_workers=CLIENTS) as ex:
+        futures = [ex.submit(client, w) for w in range(CLIENTS)]
+        assert answered.wait(30), "no answer before the kill"
+        time.sleep(0.3)  # steady load: batches are in flight on the worker
+        os.kill(victim["pid"], signal.SIGKILL)
+        time.sleep(3.0)  # the requests caught by the kill are retried or refused meanwhile
+        stop.set()
+        results = [r for f in futures for r in f.result(timeout=REQUEST_TIMEOUT_S * 2)]
+
+    statuses = {status for _, status, _ in results}
+    assert statuses <= {200, 503}, [r for r in results if r[1] not in (200, 503)][:5]
+    for n, status, body in results:
+        if status == 200:
+            assert body["variant"] == variant
+            np.testing.assert_allclose(np.asarray(body["outputs"]), expected[:n], atol=1e-4)
+        else:
+            assert body["error"] == "unavailable" and variant in body["detail"], body
+            assert "died" in body["detail"] or "lost" in body["detail"] or "restart" in body["detail"], body
+
+    # The loss was noticed and recorded (not swallowed): a crash of that worker in the fleet log.
+    events = fleet(server)["events"]
+    crashes = [e for e in events if e["kind"] == "crash" and e["worker_id"] == victim["worker_id"]]
+    assert crashes, events[:20]
+    # ... and the requests it caught were sent on rather than dropped: the batch that met the dead
+    # worker was retried (each later one loads the variant again on a live worker).
+    retries = [e for e in events if e["kind"] == "retry" and e["variant"] == variant]
+    assert retries or 503 in statuses, events[:20]
+
+    # The actor restarts (a new process under the same worker id) and the service answers again.
+    deadline = time.monotonic() + 60
+    while True:
+        workers = {w["worker_id"]: w for w in fleet(server)["workers"]}
+        restarted = workers.get(victim["worker_id"])
+        if restarted is not None and restarted["alive"] and restarted["pid"] not in (None, victim["pid"]):
+            break
+        assert time.monotonic() < deadline, (victim, workers, fleet(server)["events"][:12])
+        time.sleep(0.5)
+    with server.client(key) as http:
+        again = query(http, len(rows))
+    assert again.status_code == 200, again.text
+    np.testing.assert_allclose(np.asarray(again.json()["outputs"]), expected, atol=1e-4)
