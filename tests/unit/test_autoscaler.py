@@ -4,17 +4,22 @@ replicate / unload through the pool, recorded as fleet events with the policy's 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
+from infaas.api import create_app
 from infaas.autoscaler import ArrivalWindow, Autoscaler, capacity_rows_per_s
 from infaas.batching import ManualTimer
 from infaas.metering import MeterRecord
 from infaas.policy.autoscaling import AutoscalingConfig
-from infaas.types import Profile, Variant
+from infaas.settings import Settings
+from infaas.store import MemoryStore
+from infaas.types import Architecture, InputSpec, Profile, Task, Variant
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
-from tests.unit.policy.test_selection import make_entry
+from tests.unit.policy.test_selection import MACHINE, make_entry
 
 CONFIG = AutoscalingConfig(
     target_utilization=0.5, max_replicas=4, upscale_delay_s=2.0, downscale_delay_s=10.0
@@ -184,5 +189,49 @@ def test_the_loop_runs_rounds_until_closed() -> None:
         await scaler.close()
         assert pool.replicas(variant.name) == 0
         await scaler.close()  # closing twice is harmless
+
+    asyncio.run(scenario())
+
+
+def test_the_service_runs_it_and_the_fleet_view_shows_its_decisions(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        store.put_task(
+            Task(
+                name="t",
+                input_spec=InputSpec(shape=(2,)),
+                num_classes=3,
+                validation_artifact="v",
+                validation_size=1,
+            )
+        )
+        variant, profile = entry("a")
+        store.register_architecture(
+            Architecture(name="a", task="t", kind="onnx", source_sha256="0", artifact="a"), [variant], []
+        )
+        store.put_profile(profile)
+        settings = Settings(
+            data_dir=tmp_path,
+            admin_key="admin-key",
+            autoscale_interval_s=0.01,
+            autoscale_downscale_delay_s=0.0,
+        )
+        pool = RecordingPool(workers=2)
+        app = create_app(settings, store=store, pool=pool, machine=MACHINE)
+        admin = {"Authorization": "Bearer admin-key"}
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as http,
+        ):
+            await pool.run(variant, np.zeros((1, 2)))  # loaded, then idle: the autoscaler unloads it
+            for _ in range(1000):
+                if pool.replicas(variant.name) == 0:
+                    break
+                await asyncio.sleep(0.002)
+            r = await http.get("/v1/admin/fleet", headers=admin)
+        events = [e for e in r.json()["events"] if e["kind"] == "unload"]
+        assert [e["variant"] for e in events] == [variant.name]
+        assert events[0]["reason"].startswith("autoscaler: 1 → 0 replicas: 0 rows/s")
 
     asyncio.run(scenario())
