@@ -297,7 +297,10 @@ class RayPool:
             worker.in_flight -= 1
         if out is None:
             worker.loaded.pop(variant.name, None)
-            raise _WorkerLost(worker, f"worker {worker.worker_id} no longer holds {variant.name} (restarted)")
+            raise _WorkerLost(
+                worker,
+                f"worker {worker.worker_id} no longer holds {variant.name} (restarted or unloaded)",
+            )
         if variant.name in worker.loaded:
             worker.loaded.move_to_end(variant.name)
         result: np.ndarray = out
