@@ -115,6 +115,9 @@ class _VariantQueue:
     params: BatchParams
     overhead_ms: float
     pending: deque[_Pending] = field(default_factory=deque)
+    # Rows in `pending`, kept as requests come and go: the router asks for the queueing delay
+    # twice per query, and summing a deep queue there each time was a loop per query.
+    queued_rows: int = 0
     in_flight: dict[int, float] = field(default_factory=dict)  # batch id → predicted finish (s)
     timer: TimerHandle | None = None
     timer_at_s: float | None = None
@@ -122,6 +125,15 @@ class _VariantQueue:
 
     def latency_ms(self, rows: int) -> float:
         return self.profile.latency_ms(rows, "p99") + self.overhead_ms
+
+    def push(self, item: _Pending) -> None:
+        self.pending.append(item)
+        self.queued_rows += item.rows
+
+    def pop(self) -> _Pending:
+        item = self.pending.popleft()
+        self.queued_rows -= item.rows
+        return item
 
 
 class AsyncBatcher:
@@ -201,7 +213,7 @@ class AsyncBatcher:
         else:
             queue.profile = profile
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
-        queue.pending.append(_Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future))
+        queue.push(_Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future))
         if not queue.pump_scheduled:
             # Decide at the end of this loop iteration, not now: requests that arrived together
             # (one read of many sockets) then leave in one batch, at no cost in latency.
@@ -212,13 +224,13 @@ class AsyncBatcher:
     def _pump(self, queue: _VariantQueue) -> None:
         while True:
             while queue.pending and queue.pending[0].future.done():
-                queue.pending.popleft()  # cancelled by its caller (client gone)
+                queue.pop()  # cancelled by its caller (client gone)
             now_s = self._timer.now_s()
             decision = decide(queue.pending, queue.latency_ms, queue.params, len(queue.in_flight), now_s)
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
                 return
-            batch = [queue.pending.popleft() for _ in range(decision.send_requests)]
+            batch = [queue.pop() for _ in range(decision.send_requests)]
             batch = [p for p in batch if not p.future.done()]
             if not batch:
                 continue
@@ -319,8 +331,7 @@ class AsyncBatcher:
             return 0.0
         now_s = self._timer.now_s()
         remaining_ms = [(finish_s - now_s) * 1000.0 for finish_s in queue.in_flight.values()]
-        queued_rows = sum(p.rows for p in queue.pending)
-        return predicted_queue_delay_ms(queued_rows, remaining_ms, queue.latency_ms, queue.params)
+        return predicted_queue_delay_ms(queue.queued_rows, remaining_ms, queue.latency_ms, queue.params)
 
     def overhead_ms(self, variant: str) -> float:
         """Measured overhead of the pool call beyond the profile's p50 (the Ray hop, mostly)."""
@@ -341,7 +352,7 @@ class AsyncBatcher:
         for queue in self._queues.values():
             self._arm(queue, None)
             while queue.pending:
-                p = queue.pending.popleft()
+                p = queue.pop()
                 if not p.future.done():
                     p.future.set_exception(Unavailable("the batcher shut down before this request ran"))
         if self._tasks:

@@ -61,7 +61,9 @@ def serve(
         console.print(
             f"create a tenant: infaas tenants are made with POST {url}/v1/admin/tenants (admin key)"
         )
-    uvicorn.run(application, host=settings.host, port=settings.port, log_level="warning")
+    # No access log: at "warning" it would print nothing, yet uvicorn still computes its arguments
+    # for every request.
+    uvicorn.run(application, host=settings.host, port=settings.port, log_level="warning", access_log=False)
 
 
 def _demo_tenant_key(store: MetadataStore) -> str:

@@ -43,6 +43,10 @@ Outcome = str
 """``ok`` or ``slo_missed`` for an answered query, the error code (`infaas.errors`) for a failed one."""
 
 
+_Key = tuple[str, str, str, int]
+"""tenant, task, variant, minute: a `UsageKey`'s fields, in its sort order."""
+
+
 class UsageSink(Protocol):
     """Where usage goes: the metadata store's atomic counter add."""
 
@@ -95,7 +99,10 @@ class Meter:
     def __init__(self, sink: UsageSink) -> None:
         self._sink = sink
         self._lock = threading.Lock()  # record() runs on the event loop, flush() may run in a thread
-        self._pending: dict[UsageKey, dict[str, int]] = {}
+        # Keyed by a plain (tenant, task, variant, minute) tuple, not a `UsageKey`: this runs once
+        # per query, and building and hashing a pydantic model there costs several µs. The
+        # `UsageKey`s are built at flush time.
+        self._pending: dict[_Key, dict[str, int]] = {}
         self._listeners: list[Callable[[MeterRecord], None]] = []
 
     def add_listener(self, fn: Callable[[MeterRecord], None]) -> None:
@@ -116,7 +123,7 @@ class Meter:
         now_s: float,
     ) -> MeterRecord:
         """Count one answered query (charged `cost_pusd`) in the minute of `now_s`."""
-        key = UsageKey(tenant=tenant, task=task, variant=variant, minute=int(now_s // 60))
+        key = (tenant, task, variant, int(now_s // 60))
         bucket = latency_bucket_counter(latency_ms)
         with self._lock:
             row = self._pending.get(key)
@@ -173,7 +180,7 @@ class Meter:
     def pending(self) -> list[UsageDelta]:
         """The counters not yet flushed (a copy)."""
         with self._lock:
-            return [UsageDelta(key=k, counters=dict(c)) for k, c in sorted(self._pending.items(), key=_order)]
+            return [_delta(k, dict(c)) for k, c in sorted(self._pending.items())]
 
     def flush(self) -> int:
         """Write pending counters to the sink in one atomic call; returns the rows written. On a
@@ -182,7 +189,7 @@ class Meter:
             taken, self._pending = self._pending, {}
         if not taken:
             return 0
-        deltas = [UsageDelta(key=k, counters=c) for k, c in sorted(taken.items(), key=_order)]
+        deltas = [_delta(k, c) for k, c in sorted(taken.items())]
         try:
             self._sink.add_usage(deltas)
         except Exception:
@@ -195,9 +202,11 @@ class Meter:
         return len(deltas)
 
 
-def _order(item: tuple[UsageKey, dict[str, int]]) -> tuple[str, str, str, int]:
-    k = item[0]
-    return (k.tenant, k.task, k.variant, k.minute)
+def _delta(key: _Key, counters: dict[str, int]) -> UsageDelta:
+    tenant, task, variant, minute = key
+    return UsageDelta(
+        key=UsageKey(tenant=tenant, task=task, variant=variant, minute=minute), counters=counters
+    )
 
 
 class MeterFlusher:

@@ -143,10 +143,13 @@ def bare(path: Path, variant: Any) -> tuple[dict[str, float], Any]:
 # ---- the servers (each runs in its own process) ---------------------------------------------
 
 
-def _json_response(outputs: np.ndarray) -> Any:
+def _json_response(outputs: np.ndarray, batch_rows: int | None = None) -> Any:
     from starlette.responses import Response
 
-    return Response(json.dumps({"outputs": outputs.tolist()}), media_type="application/json")
+    body: dict[str, Any] = {"outputs": outputs.tolist()}
+    if batch_rows is not None:  # the infaas servers say how large a batch each request ran in
+        body["batch_rows"] = batch_rows
+    return Response(json.dumps(body), media_type="application/json")
 
 
 def serve_handwritten(port: int, workdir: Path) -> None:
@@ -200,7 +203,7 @@ def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool) -> None
         body = json.loads(await request.body())
         x = np.asarray(body["inputs"], dtype=np.float32)
         result = await state["batcher"].submit(variant, profile, x, time.monotonic() + 0.1)
-        return _json_response(result.outputs)
+        return _json_response(result.outputs, result.batch_rows)
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -287,15 +290,17 @@ def free_port() -> int:
         return port
 
 
-async def _post(session: Any, server: Server) -> float:
+async def _post(session: Any, server: Server) -> tuple[float, int | None]:
+    """One request: (latency in ms, the batch size it ran in where the server says)."""
     t0 = time.perf_counter()
     async with session.post(server.url, data=server.body, headers=server.headers) as resp:
         payload = await resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{server.url} answered {resp.status}: {payload[:300]!r}")
-    if len(json.loads(payload)["outputs"]) != 1:
+    answer = json.loads(payload)
+    if len(answer["outputs"]) != 1:
         raise RuntimeError(f"{server.url} returned a wrong number of rows")
-    return (time.perf_counter() - t0) * 1000
+    return (time.perf_counter() - t0) * 1000, answer.get("batch_rows")
 
 
 async def _wait_ready(server: Server, timeout_s: float) -> None:
@@ -315,33 +320,39 @@ async def _wait_ready(server: Server, timeout_s: float) -> None:
 
 async def measure(
     server: Server, c1_requests: int, c64_s: float, concurrency: int
-) -> tuple[list[float], float]:
-    """One window: `c1_requests` sequential latencies (ms), then req/s at `concurrency` for `c64_s`."""
+) -> tuple[list[float], float, float | None]:
+    """One window: `c1_requests` sequential latencies (ms), then req/s at `concurrency` for `c64_s`,
+    and the mean batch size the requests of that window ran in (None where the server does not
+    batch). The mean shows whether the batcher really merges requests arriving over HTTP."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         for _ in range(50):
             await _post(session, server)
-        lat = [await _post(session, server) for _ in range(c1_requests)]
+        lat = [(await _post(session, server))[0] for _ in range(c1_requests)]
 
         stop_s = 0.0
         done = 0
+        batch_rows: list[int] = []
 
         async def client() -> None:
             nonlocal done
             while time.perf_counter() < stop_s:
-                await _post(session, server)
+                _, rows = await _post(session, server)
                 done += 1
+                if rows is not None:
+                    batch_rows.append(rows)
 
         stop_s = time.perf_counter() + 0.5  # warm-up at full concurrency
         await asyncio.gather(*(client() for _ in range(concurrency)))
         done = 0
+        batch_rows.clear()
         t0 = time.perf_counter()
         stop_s = t0 + c64_s
         await asyncio.gather(*(client() for _ in range(concurrency)))
         rps = done / (time.perf_counter() - t0)
-    return lat, rps
+    return lat, rps, (statistics.fmean(batch_rows) if batch_rows else None)
 
 
 @dataclass
@@ -531,16 +542,17 @@ def main() -> None:
                 else:
                     server = start_server(kind, workdir)
                 try:
-                    lat, window_rps = asyncio.run(
+                    lat, window_rps, mean_batch = asyncio.run(
                         measure(server, args.requests // args.rounds, args.seconds, args.concurrency)
                     )
                 finally:
                     stop_server(server)
                 latencies_ms.setdefault(kind, []).extend(lat)
                 rps.setdefault(kind, []).append(window_rps)
+                batch = "" if mean_batch is None else f", mean batch {mean_batch:.1f} rows"
                 print(
                     f"  round {round_no + 1} {kind}: p50 {statistics.median(lat):.3f} ms, "
-                    f"{window_rps:.0f} req/s",
+                    f"{window_rps:.0f} req/s{batch}",
                     flush=True,
                 )
         print("measuring batching on/off without HTTP ...", flush=True)

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from infaas.api.auth import ensure_admin_key
+from infaas.api.auth import KeyCache, ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
 from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
@@ -100,10 +100,19 @@ def create_app(
             if owned_store:
                 the_store.close()
 
-    app = FastAPI(title="infaas", version="0.1.0", lifespan=lifespan)
+    # FastAPI's built-in OpenTelemetry hooks off: infaas exports its own Prometheus metrics, and
+    # with them on FastAPI asks the global OTel providers on every request whether to trace.
+    app = FastAPI(
+        title="infaas",
+        version="0.1.0",
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+        routes=[query.route],  # first in the table: the hot path, served without FastAPI's routing
+    )
     app.state.settings = settings
     app.state.store = the_store
     app.state.admin_key = ensure_admin_key(settings)
+    app.state.key_cache = KeyCache()  # resolved tenant keys; see infaas.api.auth
     app.state.readiness_checks = {"store": lambda: the_store.list_tasks() is not None}
     # Admin views: its own Prometheus registry per app (never the global one), fed by the meter.
     app.state.metrics = Metrics(the_store, time.monotonic, sources=lambda: fleet.fleet_sources(app.state))

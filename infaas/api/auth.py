@@ -1,10 +1,20 @@
-"""Bearer-key authentication: the admin key, and tenant keys resolved through the store (hashed)."""
+"""Bearer-key authentication: the admin key, and tenant keys resolved through the store (hashed).
+
+Resolving a tenant key costs two store reads (key → name → tenant), which on the query path cost
+more than the model. A resolved key is therefore kept in a `KeyCache` for `KEY_CACHE_TTL_S`
+seconds. A revoke made through this front end drops the tenant's keys from its cache at once; a
+revoke made elsewhere (another front end on the same store, or the store directly) takes effect
+here within `KEY_CACHE_TTL_S`. Unknown keys are never cached, so a new key works at once.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -15,13 +25,67 @@ from infaas.settings import Settings
 from infaas.store import MetadataStore
 from infaas.types import Role
 
-__all__ = ["AdminPrincipal", "Principal", "TenantPrincipal", "ensure_admin_key", "new_api_key"]
+__all__ = [
+    "KEY_CACHE_TTL_S",
+    "AdminPrincipal",
+    "KeyCache",
+    "Principal",
+    "TenantPrincipal",
+    "ensure_admin_key",
+    "new_api_key",
+]
+
+KEY_CACHE_TTL_S = 5.0
+"""The longest a tenant key revoked on another front end (or in the store directly) still works here."""
 
 
 @dataclass(frozen=True)
 class Principal:
     name: str
     role: Role
+
+
+class KeyCache:
+    """Tenant keys already resolved: SHA-256 of the key → (principal, expiry). Pure bookkeeping:
+    the time comes in as `now_s` (monotonic seconds). Holds digests, never the keys themselves."""
+
+    def __init__(self, ttl_s: float = KEY_CACHE_TTL_S, max_entries: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._entries: dict[str, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()  # routes run on the loop, but sync ones run in threads
+
+    @staticmethod
+    def digest(api_key: str) -> str:
+        return hashlib.sha256(api_key.encode()).hexdigest()
+
+    def get(self, digest: str, now_s: float) -> Principal | None:
+        entry = self._entries.get(digest)
+        if entry is None:
+            return None
+        principal, expires_s = entry
+        if now_s >= expires_s:
+            with self._lock:
+                self._entries.pop(digest, None)
+            return None
+        return principal
+
+    def put(self, digest: str, principal: Principal, now_s: float) -> None:
+        with self._lock:
+            if len(self._entries) >= self._max_entries:
+                # Many distinct live keys within one TTL: start over rather than track recency;
+                # the cost is one store read per key, once.
+                self._entries.clear()
+            self._entries[digest] = (principal, now_s + self.ttl_s)
+
+    def drop_tenant(self, name: str) -> None:
+        """Forget every key of tenant `name` (called when it is revoked here)."""
+        with self._lock:
+            for digest in [d for d, (p, _) in self._entries.items() if p.name == name]:
+                del self._entries[digest]
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def new_api_key() -> str:
@@ -55,20 +119,31 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
-def authenticate(request: Request) -> Principal:
-    """Any valid key: the admin's or an active tenant's."""
+async def authenticate(request: Request) -> Principal:
+    """Any valid key: the admin's or an active tenant's. Async although it awaits nothing:
+    FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request that cost
+    more than the rest of the check. A cache miss reads the store on the loop (once per key and
+    TTL)."""
     token = _bearer(request)
     admin_key: str = request.app.state.admin_key
     if hmac.compare_digest(token.encode(), admin_key.encode()):
         return Principal(name="admin", role="admin")
+    cache: KeyCache = request.app.state.key_cache
+    digest = KeyCache.digest(token)
+    now_s = time.monotonic()
+    principal = cache.get(digest, now_s)
+    if principal is not None:
+        return principal
     store: MetadataStore = request.app.state.store
     tenant = store.tenant_for_key(token)
     if tenant is None:
         raise Unauthenticated("unknown or revoked API key")
-    return Principal(name=tenant.name, role=tenant.role)
+    principal = Principal(name=tenant.name, role=tenant.role)
+    cache.put(digest, principal, now_s)
+    return principal
 
 
-def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
     if principal.role != "admin":
         raise Forbidden("this route needs the admin key", role=principal.role)
     return principal

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import stat
 
-from infaas.api.auth import ensure_admin_key
+from infaas.api.auth import KeyCache, Principal, ensure_admin_key
 from infaas.settings import Settings
 
 
@@ -13,3 +13,28 @@ def test_admin_key_generated_once_owner_readable(tmp_path: object) -> None:
     assert ensure_admin_key(s) == key
     assert stat.S_IMODE(s.admin_key_path.stat().st_mode) == 0o600
     assert ensure_admin_key(Settings(data_dir=tmp_path, admin_key="given")) == "given"  # type: ignore[arg-type]
+
+
+def test_key_cache_expires_and_drops_a_revoked_tenant() -> None:
+    cache = KeyCache(ttl_s=5.0)
+    acme, other = Principal("acme", "tenant"), Principal("other", "tenant")
+    d1, d2, d3 = (KeyCache.digest(k) for k in ("key-1", "key-2", "key-3"))
+    assert d1 != "key-1" and len(d1) == 64  # digests, never the keys
+    cache.put(d1, acme, now_s=100.0)
+    cache.put(d2, acme, now_s=100.0)
+    cache.put(d3, other, now_s=100.0)
+    assert cache.get(d1, now_s=104.9) == acme
+    assert cache.get(d1, now_s=105.0) is None  # expired: the next request asks the store
+    assert cache.get(d1, now_s=100.0) is None  # and the entry is gone
+    cache.drop_tenant("acme")
+    assert cache.get(d2, now_s=101.0) is None
+    assert cache.get(d3, now_s=101.0) == other
+
+
+def test_key_cache_is_bounded() -> None:
+    cache = KeyCache(ttl_s=5.0, max_entries=3)
+    for i in range(3):
+        cache.put(KeyCache.digest(f"k{i}"), Principal(f"t{i}", "tenant"), now_s=0.0)
+    assert len(cache) == 3
+    cache.put(KeyCache.digest("k3"), Principal("t3", "tenant"), now_s=0.0)
+    assert len(cache) == 1 and cache.get(KeyCache.digest("k3"), now_s=1.0) is not None

@@ -10,7 +10,7 @@ import pytest
 
 from infaas.batching import AsyncBatcher, ManualTimer
 from infaas.errors import Unavailable
-from infaas.policy.batching import BatchParams
+from infaas.policy.batching import BatchParams, predicted_queue_delay_ms
 from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
 from infaas.workers.inprocess import RecordingPool, echo_outputs
 
@@ -72,7 +72,10 @@ async def test_requests_queued_behind_a_running_batch_merge_and_split_back() -> 
     later = [asyncio.create_task(batcher.submit(v, p, rows(10.0 + i, 20.0 + i), far)) for i in range(3)]
     await settle()
     assert len(pool.batches) == 1 and batcher.queue_depths() == {v.name: 3}
-    assert batcher.queue_delay_ms(v.name) > 0.0
+    # 6 rows queued behind one running batch predicted to end in 2 ms (the profile at 1 row)
+    params = BatchParams(max_batch=8, max_in_flight=1)
+    expected_ms = predicted_queue_delay_ms(6, [2.0], lambda n: p.latency_ms(n, "p99"), params)
+    assert batcher.queue_delay_ms(v.name) == pytest.approx(expected_ms) and expected_ms > 0.0
     pool.release()
     await settle()
     assert len(pool.batches) == 2

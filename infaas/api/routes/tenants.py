@@ -6,7 +6,7 @@ import time
 
 from fastapi import APIRouter, Request, Response
 
-from infaas.api.auth import AdminPrincipal, new_api_key
+from infaas.api.auth import AdminPrincipal, KeyCache, new_api_key
 from infaas.api.schemas import TenantCreate, TenantCreated, TenantOut
 from infaas.store import MetadataStore
 from infaas.types import Tenant
@@ -34,4 +34,6 @@ async def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
 @router.delete("/{name}", status_code=204)
 async def revoke_tenant(name: str, request: Request, _: AdminPrincipal) -> Response:
     _store(request).revoke_tenant(name)
+    cache: KeyCache = request.app.state.key_cache
+    cache.drop_tenant(name)  # its keys stop working here at once, not after the cache's TTL
     return Response(status_code=204)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from fastapi import FastAPI
 
 from infaas.api import create_app
+from infaas.api.auth import KeyCache, Principal
 from infaas.settings import Settings
 from infaas.store import MemoryStore
 from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, Architecture, InputSpec, Task
@@ -88,6 +90,9 @@ class AppClient:
 
     def post(self, url: str, **kw: Any) -> httpx.Response:
         return self._loop.run_until_complete(self._client.post(url, **kw))
+
+    def delete(self, url: str, **kw: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.delete(url, **kw))
 
     def __enter__(self) -> AppClient:
         return self
@@ -234,6 +239,28 @@ def test_too_many_rows_and_too_large_a_body(api: tuple[AppClient, MemoryStore, d
 def test_without_a_key_401(api: tuple[AppClient, MemoryStore, dict[str, str]]) -> None:
     client, _, _ = api
     assert client.post("/v1/query", json=q()).status_code == 401
+
+
+def test_a_revoked_key_stops_working_at_once_although_it_was_cached(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, store, keys = api
+    assert post(client, keys["t1"], q())[0] == 200  # resolved once: now in the key cache
+    assert (
+        client.delete("/v1/admin/tenants/t1", headers={"Authorization": "Bearer admin-key"}).status_code
+        == 204
+    )
+    status, body = post(client, keys["t1"], q())
+    assert status == 401 and body["error"] == "unauthenticated"
+    assert post(client, keys["t2"], q())[0] == 200
+    # Revoked behind this front end's back (another front end on the same store): the cached key
+    # still works until its entry is one TTL old, then the store is asked again.
+    store.revoke_tenant("t2")
+    assert post(client, keys["t2"], q())[0] == 200
+    cache: KeyCache = client.app.state.key_cache
+    cache.put(KeyCache.digest(keys["t2"]), Principal("t2", "tenant"), now_s=time.monotonic() - cache.ttl_s)
+    status, body = post(client, keys["t2"], q())
+    assert status == 401, body
 
 
 def test_usage_is_exactly_the_sum_of_charged_costs_per_tenant(
