@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from infaas.batching import AsyncBatcher
 from infaas.errors import ArchitectureNotFound, InvalidInput, NoFeasibleVariant, TaskNotFound, Unavailable
-from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router
+from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router, _quantile
 from infaas.store import MemoryStore
 from infaas.types import SLO, Architecture, InputSpec, MachineInfo, Profile, Task
 from infaas.workers.inprocess import EchoModel, InProcessPool
@@ -156,3 +157,10 @@ def test_profiles_from_another_machine_and_failed_ones_are_left_out_and_said_so(
         await pool.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 33, 2047, 2048])
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.99, 1.0])
+def test_the_tracker_quantile_is_numpys(n: int, q: float) -> None:
+    values = np.random.default_rng(n).normal(1.0, 2.0, n)
+    assert _quantile(values, q) == pytest.approx(float(np.quantile(values, q)), abs=1e-12)

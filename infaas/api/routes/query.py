@@ -111,7 +111,8 @@ _OPENAPI_BODY = {
 @router.post("/v1/query", response_model=QueryResponse, openapi_extra=_OPENAPI_BODY)
 async def query(request: Request) -> Response:
     """Answer a query on the cheapest variant that meets its targets."""
-    received_s: float = getattr(request.state, _RECEIVED, None) or time.monotonic()
+    # Read from the scope, not `request.state`: that builds a `State` wrapper per request.
+    received_s: float = request.scope.get("state", {}).get(_RECEIVED) or time.monotonic()
     # The same check as the `TenantPrincipal` dependency (any valid key), called directly: this
     # handler is served by a plain Starlette route (`route`), which resolves no dependencies.
     principal = await authenticate(request)
