@@ -304,11 +304,13 @@ class AsyncBatcher:
                 )
 
     def _inline(self, queue: _VariantQueue, rows: int) -> bool:
-        profile = queue.profile
+        return self._runs_inline(queue.variant, queue.profile, rows)
+
+    def _runs_inline(self, variant: Variant, profile: Profile, rows: int) -> bool:
         return (
             self._local is not None
-            and queue.variant.spec.runtime in _INLINE_RUNTIMES
-            and queue.variant.spec.hardware == "cpu"
+            and variant.spec.runtime in _INLINE_RUNTIMES
+            and variant.spec.hardware == "cpu"
             and profile.status == "ok"
             and 0.0 < profile.memory_mb <= self._inline_max_memory_mb
             and profile.latency_ms(rows, "p99") <= self._inline_max_ms
@@ -321,6 +323,13 @@ class AsyncBatcher:
             except Unavailable:
                 pass  # e.g. the artifact is not readable here: the workers still serve it
         return await self._pool.run(variant, inputs)
+
+    async def warm(self, variant: Variant, profile: Profile) -> None:
+        """Load `variant` where a single-row batch of it would run."""
+        if self._local is not None and self._runs_inline(variant, profile, 1):
+            await self._local.ensure_loaded(variant)
+        else:
+            await self._pool.ensure_loaded(variant)
 
     # ---- what the router and the dashboard read ---------------------------------------------
 

@@ -478,20 +478,40 @@ class Router:
                 tracker = self.overheads[runtime] = self._overhead_factory()
             tracker.observe(latency_ms - routed.expected_ms, now_s)
 
+    def warm_up(self) -> list[str]:
+        """Load the cheapest profiled variant of every architecture in the background (TF Serving's
+        warm-up, by measured cost): the first query to a task then finds a warm variant instead of
+        waiting for a cold load. Returns the variants asked for (call from the running loop)."""
+        cheapest: dict[str, tuple[float, str]] = {}
+        for name, (variant, profile) in self._snapshot.variants.items():
+            if profile is None:
+                continue
+            cost = profile.cost_usd_per_1k(1)
+            best = cheapest.get(variant.architecture)
+            if best is None or (cost, name) < best:
+                cheapest[variant.architecture] = (cost, name)
+        names = sorted(name for _, name in cheapest.values())
+        for name in names:
+            self._hint(name)
+        return names
+
     def _hint(self, name: str) -> None:
         if name in self._hinted:
             return
         entry = self._snapshot.variants.get(name)
-        if entry is None:
+        if entry is None or entry[1] is None:
             return
         self._hinted.add(name)
-        task = asyncio.get_running_loop().create_task(self._load(entry[0]), name=f"load-hint:{name}")
+        task = asyncio.get_running_loop().create_task(self._load(*entry), name=f"load-hint:{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _load(self, variant: Variant) -> None:
+    async def _load(self, variant: Variant, profile: Profile | None) -> None:
+        assert profile is not None  # _hint only loads profiled variants
         try:
-            await self._pool.ensure_loaded(variant)
+            # Through the batcher: a sub-hop variant is warmed on the front end's fast path,
+            # where its batches will run, not on a Ray worker.
+            await self._batcher.warm(variant, profile)
         except Exception:
             log.exception("loading %s on the router's hint failed", variant.name)
         finally:

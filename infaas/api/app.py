@@ -68,6 +68,7 @@ def create_app(
         the_router = Router(the_store, the_pool, batcher, local=local, machine=machine)
         the_router.refresh()
         the_router.start()
+        the_router.warm_up()
         # Replicates hot variants and unloads cold ones, from the arrivals the meter sees.
         arrivals = ArrivalWindow()
         meter.add_listener(arrivals.listener)

@@ -84,6 +84,11 @@ class Batcher(Protocol):
         the batch is sent before waiting longer would break the tightest deadline in the queue."""
         ...
 
+    async def warm(self, variant: Variant, profile: Profile) -> None:
+        """Load `variant` where its batches will run (the front end's fast path or the pool), so
+        that the first query does not wait for the load."""
+        ...
+
     def queue_delay_ms(self, variant: str) -> float:
         """Predicted wait a new request to `variant` would see now (the router adds it to latency)."""
         ...

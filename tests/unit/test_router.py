@@ -164,3 +164,46 @@ def test_profiles_from_another_machine_and_failed_ones_are_left_out_and_said_so(
 def test_the_tracker_quantile_is_numpys(n: int, q: float) -> None:
     values = np.random.default_rng(n).normal(1.0, 2.0, n)
     assert _quantile(values, q) == pytest.approx(float(np.quantile(values, q)), abs=1e-12)
+
+
+def test_warm_up_loads_the_cheapest_variant_of_each_architecture_where_it_will_run() -> None:
+    """Sub-hop variants warm on the front end's fast path, the others on the worker pool."""
+
+    async def scenario() -> None:
+        store = store_with_one_task()
+        entries = [
+            # fast and cheap: runs inline on the front end
+            make_entry(
+                "fast", "onnxruntime", 1, accuracy=0.9, base_ms=0.01, per_row_ms=0.0, price_usd_per_s=1e-5
+            ),
+            make_entry(
+                "fast", "onnxruntime", 2, accuracy=0.9, base_ms=0.01, per_row_ms=0.0, price_usd_per_s=2e-5
+            ),
+            # slow: its batches take the Ray hop, so it warms on the pool
+            make_entry(
+                "slow", "onnxruntime", 1, accuracy=0.95, base_ms=5.0, per_row_ms=0.1, price_usd_per_s=1e-5
+            ),
+            make_entry(
+                "slow", "onnxruntime", 2, accuracy=0.95, base_ms=4.0, per_row_ms=0.1, price_usd_per_s=2e-5
+            ),
+        ]
+        for arch in ("fast", "slow"):
+            variants = [v for v, _ in entries if v.architecture == arch]
+            store.register_architecture(
+                Architecture(name=arch, task="t", kind="onnx", source_sha256="0", artifact="a"), variants, []
+            )
+        for _, profile in entries:
+            store.put_profile(profile.model_copy(update={"memory_mb": 1.0}))
+        pool = InProcessPool(loader=lambda v: EchoModel(v.name))
+        local = InProcessPool(loader=lambda v: EchoModel(v.name))
+        router = Router(store, pool, AsyncBatcher(pool, local=local), local=local, machine=MACHINE)
+        router.refresh()
+        asked = router.warm_up()
+        assert asked == ["fast/onnx-cpu-fp32-t1", "slow/onnx-cpu-fp32-t1"]
+        await asyncio.gather(*router._tasks)
+        assert local.is_loaded("fast/onnx-cpu-fp32-t1") and not pool.is_loaded("fast/onnx-cpu-fp32-t1")
+        assert pool.is_loaded("slow/onnx-cpu-fp32-t1") and not local.is_loaded("slow/onnx-cpu-fp32-t1")
+        assert not pool.is_loaded("slow/onnx-cpu-fp32-t2") and not local.is_loaded("fast/onnx-cpu-fp32-t2")
+        await router.close()
+
+    asyncio.run(scenario())
