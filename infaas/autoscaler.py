@@ -15,14 +15,13 @@ runs on its own fast path (`local`) never reach a worker and are not scaled.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 
 from infaas.errors import Unavailable
 from infaas.metering import MeterRecord
+from infaas.periodic import Periodic
 from infaas.policy.autoscaling import AutoscalingConfig, ScaleDecision, ScalingState, VariantLoad, decide
 from infaas.types import Profile, Variant
 from infaas.workers.base import WorkerPool
@@ -95,10 +94,9 @@ class Autoscaler:
         self._arrivals = arrivals
         self._config = config or AutoscalingConfig()
         self._clock = clock
-        self._interval_s = interval_s
         self._local = local
         self._state = ScalingState()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("autoscaler", interval_s, self.tick)
 
     def loads(self, now_s: float) -> list[VariantLoad]:
         """What `decide` sees now: one load per variant with replicas in the pool."""
@@ -147,19 +145,7 @@ class Autoscaler:
 
     def start(self) -> None:
         """Run `tick` every `interval_s` (call from the running event loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="autoscaler")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("autoscaler round failed; trying again next round")
+        self._loop.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.close()

@@ -15,13 +15,13 @@ seconds), so tests drive it with a fake clock. `MeterFlusher` is the I/O shell t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from infaas.periodic import Periodic
 from infaas.types import (
     COUNTER_COST_PUSD,
     COUNTER_QUERIES,
@@ -214,25 +214,15 @@ class MeterFlusher:
 
     def __init__(self, meter: Meter, interval_s: float) -> None:
         self._meter = meter
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("usage-flush", interval_s, self._flush)
+
+    async def _flush(self) -> None:
+        # The store call blocks (SQLite / Redis); keep it off the event loop.
+        await asyncio.to_thread(self._meter.flush)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="usage-flush")
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                # The store call blocks (SQLite / Redis); keep it off the event loop.
-                await asyncio.to_thread(self._meter.flush)
-            except Exception:
-                log.exception("usage flush failed; counters kept for the next try")
+        self._loop.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.close()
         await asyncio.to_thread(self._meter.flush)

@@ -36,6 +36,7 @@ from infaas.errors import (
     Unavailable,
     VariantNotFound,
 )
+from infaas.periodic import Periodic
 from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
 from infaas.store import MetadataStore
 from infaas.types import SLO, Architecture, MachineInfo, Profile, Task, Variant
@@ -249,7 +250,6 @@ class Router:
         # Runtime one, and one global figure would price every variant at the worst runtime's.
         self._overhead_factory = overhead_factory
         self.overheads: dict[str, OverheadTracker] = {}
-        self._refresh_interval_s = refresh_interval_s
         self._miss_refresh_interval_s = miss_refresh_interval_s
         self._loaded_ttl_s = loaded_ttl_s
         self._snapshot = Snapshot.empty()
@@ -257,7 +257,7 @@ class Router:
         self._loaded: dict[int, _LoadedCache] = {}
         self._hinted: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._refresher: asyncio.Task[None] | None = None
+        self._refresher = Periodic("router-refresh", refresh_interval_s, self._refresh_round)
         self.on_refresh: list[Callable[[Snapshot], None]] = []
 
     # ---- snapshot -----------------------------------------------------------------------
@@ -287,18 +287,12 @@ class Router:
 
     def start(self) -> None:
         """Start the background refresh (call from the running event loop)."""
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop(), name="router-refresh")
+        self._refresher.start()
 
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_interval_s)
-            try:
-                fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
-            except Exception:
-                log.exception("router snapshot refresh failed; keeping the previous one")
-                continue
-            if fresh.fingerprint != self._snapshot.fingerprint:
-                self._adopt(fresh)
+    async def _refresh_round(self) -> None:
+        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
+        if fresh.fingerprint != self._snapshot.fingerprint:
+            self._adopt(fresh)
 
     def _refresh_on_miss(self, now_s: float) -> bool:
         # A name the snapshot lacks may have just been registered; look once, but not on every
@@ -519,10 +513,10 @@ class Router:
             self._loaded.clear()
 
     async def close(self) -> None:
-        pending = [t for t in (self._refresher, *self._tasks) if t is not None]
+        await self._refresher.close()
+        pending = list(self._tasks)
         for t in pending:
             t.cancel()
         for t in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._refresher = None

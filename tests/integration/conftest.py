@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -120,11 +121,9 @@ def serve_process(source: Settings, workdir: Path) -> Iterator[Served]:
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"infaas serve exited: {log_path.read_text()[-2000:]}")
-            try:
+            with contextlib.suppress(httpx.HTTPError):  # not listening yet
                 if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
             if time.monotonic() > deadline:
                 raise RuntimeError("infaas serve did not become ready in 120 s")
             time.sleep(0.2)
