@@ -17,8 +17,9 @@ from infaas.metering import MeterRecord
 from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.settings import Settings
 from infaas.store import MemoryStore
-from infaas.types import Architecture, InputSpec, Profile, Task, Variant
+from infaas.types import Profile, Variant
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
+from tests.factories import make_arch, make_task
 from tests.unit.policy.test_selection import MACHINE, make_entry
 
 CONFIG = AutoscalingConfig(
@@ -196,19 +197,9 @@ def test_the_loop_runs_rounds_until_closed() -> None:
 def test_the_service_runs_it_and_the_fleet_view_shows_its_decisions(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = MemoryStore()
-        store.put_task(
-            Task(
-                name="t",
-                input_spec=InputSpec(shape=(2,)),
-                num_classes=3,
-                validation_artifact="v",
-                validation_size=1,
-            )
-        )
+        store.put_task(make_task())
         variant, profile = entry("a")
-        store.register_architecture(
-            Architecture(name="a", task="t", kind="onnx", source_sha256="0", artifact="a"), [variant], []
-        )
+        store.register_architecture(make_arch("a"), [variant], [])
         store.put_profile(profile)
         settings = Settings(
             data_dir=tmp_path,

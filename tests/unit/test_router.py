@@ -11,8 +11,9 @@ from infaas.batching import AsyncBatcher
 from infaas.errors import ArchitectureNotFound, InvalidInput, NoFeasibleVariant, TaskNotFound, Unavailable
 from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router, _quantile
 from infaas.store import MemoryStore
-from infaas.types import SLO, Architecture, InputSpec, MachineInfo, Profile, Task
+from infaas.types import SLO, MachineInfo, Profile
 from infaas.workers.inprocess import EchoModel, InProcessPool
+from tests.factories import make_arch, make_task
 from tests.unit.policy.test_selection import MACHINE, make_entry
 
 
@@ -47,15 +48,7 @@ def test_overhead_forgets_a_burst_once_it_is_old() -> None:
 
 def store_with_one_task() -> MemoryStore:
     store = MemoryStore()
-    store.put_task(
-        Task(
-            name="t",
-            input_spec=InputSpec(shape=(2,)),
-            num_classes=3,
-            validation_artifact="v",
-            validation_size=1,
-        )
-    )
+    store.put_task(make_task())
     return store
 
 
@@ -63,9 +56,7 @@ def register(store: MemoryStore, arch: str, task: str = "t") -> str:
     variant, profile = make_entry(
         arch, "onnxruntime", 1, accuracy=0.9, base_ms=1.0, per_row_ms=0.0, price_usd_per_s=1e-5
     )
-    store.register_architecture(
-        Architecture(name=arch, task=task, kind="onnx", source_sha256="0", artifact="a"), [variant], []
-    )
+    store.register_architecture(make_arch(arch, task), [variant], [])
     store.put_profile(profile)
     return variant.name
 
@@ -89,15 +80,7 @@ def test_router_sees_registrations_and_learns_from_answers() -> None:
             router.route("t", 1, slo, now_s=3.0, architecture="nope")
         with pytest.raises(InvalidInput):
             router.route("t", 33, slo, now_s=4.0)
-        store.put_task(
-            Task(
-                name="u",
-                input_spec=InputSpec(shape=(2,)),
-                num_classes=3,
-                validation_artifact="v",
-                validation_size=1,
-            )
-        )
+        store.put_task(make_task("u"))
         with pytest.raises(InvalidInput):  # m serves t, not u
             router.route("u", 1, slo, now_s=5.0, architecture="m")
         await pool.ensure_loaded(routed.variant)
@@ -189,9 +172,7 @@ def test_warm_up_loads_the_cheapest_variant_of_each_architecture_where_it_will_r
         ]
         for arch in ("fast", "slow"):
             variants = [v for v, _ in entries if v.architecture == arch]
-            store.register_architecture(
-                Architecture(name=arch, task="t", kind="onnx", source_sha256="0", artifact="a"), variants, []
-            )
+            store.register_architecture(make_arch(arch), variants, [])
         for _, profile in entries:
             store.put_profile(profile.model_copy(update={"memory_mb": 1.0}))
         pool = InProcessPool(loader=lambda v: EchoModel(v.name))

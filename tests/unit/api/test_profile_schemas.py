@@ -4,29 +4,19 @@ from __future__ import annotations
 
 from infaas.api.model_schemas import variant_out
 from infaas.api.profile_schemas import profile_out
-from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
+from infaas.types import MachineInfo, Parity, Profile, Variant, VariantSpec
 from profiler.machine import local_machine
+from tests.factories import make_point, make_profile
 
-POINT = LatencyPoint(
-    batch=1,
-    p50_ms=0.1,
-    p95_ms=0.2,
-    p99_ms=0.3,
-    mean_ms=0.12,
-    throughput_qps=8333.0,
-    samples=100,
-    stable=True,
-    stop_reason="stable",
-    cost_usd_per_1k=1e-6,
-)
+POINT = make_point(p50_ms=0.1, p95_ms=0.2, p99_ms=0.3, mean_ms=0.12, throughput_qps=8333.0)
 
 
 def _profile(machine: MachineInfo) -> Profile:
-    return Profile(
-        variant="a/onnx-cpu-fp32-t1",
-        machine=machine,
+    return make_profile(
+        "a/onnx-cpu-fp32-t1",
+        machine,
+        POINT,
         measured_at_s=5.0,
-        points=(POINT,),
         accuracy=0.97,
         memory_mb=3.5,
         price_usd_per_s=1e-5,

@@ -7,26 +7,24 @@ import io
 
 from rich.console import Console
 
-from infaas.types import LatencyPoint, MachineInfo, Profile
+from infaas.types import MachineInfo, Profile
 from profiler.report import RichProgress, profile_table
+from tests.factories import make_point, make_profile
 
 HERE = MachineInfo(cpu_model="AMD EPYC", cores=2)
 
 
 def _ok(name: str, machine: MachineInfo) -> Profile:
-    point = LatencyPoint(
-        batch=1,
+    point = make_point(
         p50_ms=0.25,
         p95_ms=0.3,
         p99_ms=0.5,
         mean_ms=0.26,
         throughput_qps=3846.0,
         samples=90,
-        stable=True,
-        stop_reason="stable",
         cost_usd_per_1k=2e-6,
     )
-    return Profile(variant=name, machine=machine, measured_at_s=0.0, points=(point,), accuracy=0.9612)
+    return make_profile(name, machine, point, accuracy=0.9612)
 
 
 def test_table_flags_foreign_and_failed_profiles() -> None:
