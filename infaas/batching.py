@@ -175,6 +175,8 @@ class AsyncBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count()
         self._closed = False
+        self.on_outcome: Callable[[str, Exception | None], None] | None = None
+        """Told of every batch's outcome (variant, error or None): the router's quarantine."""
 
     # ---- parameters -------------------------------------------------------------------------
 
@@ -277,11 +279,15 @@ class AsyncBatcher:
                     p.future.set_exception(exc if isinstance(exc, Exception) else Unavailable(repr(exc)))
             if not isinstance(exc, Exception):
                 raise
+            if self.on_outcome is not None and not self._closed:
+                self.on_outcome(queue.variant.name, exc)
             return
         finally:
             queue.in_flight.pop(batch_id, None)
             if not self._closed:
                 self._pump(queue)
+        if self.on_outcome is not None:
+            self.on_outcome(queue.variant.name, None)
         done_s = self._timer.now_s()
         run_ms = (done_s - sent_s) * 1000.0
         rows = int(inputs.shape[0])

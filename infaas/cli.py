@@ -33,9 +33,8 @@ def serve(
     demo: bool = typer.Option(False, "--demo", help="(Re)create tenant 'demo' and print a query to paste."),
 ) -> None:
     """Run the service in the foreground."""
-    import uvicorn
-
     from infaas.api import create_app
+    from infaas.api.lifecycle import run
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = Settings(**overrides)  # type: ignore[arg-type]
@@ -61,9 +60,10 @@ def serve(
         console.print(
             f"create a tenant: infaas tenants are made with POST {url}/v1/admin/tenants (admin key)"
         )
-    # No access log: at "warning" it would print nothing, yet uvicorn still computes its arguments
-    # for every request.
-    uvicorn.run(application, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    code = run(application, settings)
+    if code:
+        raise typer.Exit(code)
+    console.print("infaas stopped: requests drained, usage flushed")
 
 
 def _demo_tenant_key(store: MetadataStore) -> str:

@@ -21,8 +21,9 @@ one table, `infaas.api.errors.HTTP_STATUS`, not here: domain code does not know 
     │   ├── UnsafeArchive         '..', absolute paths or links inside an archive
     │   └── SpecMismatch          input spec differs from the task's / output not probabilities
     ├── NoFeasibleVariant         nothing meets the SLO; carries the nearest alternatives
-    ├── Unavailable               a worker was lost or capacity is exhausted; retry later
-    └── StoreError                the metadata store failed
+    └── Unavailable               a worker was lost, the server drains, or capacity is
+        │                         exhausted; retry later
+        └── StoreError            the metadata store failed or timed out (an outage: retry later)
 """
 
 from __future__ import annotations
@@ -135,5 +136,5 @@ class Unavailable(InfaasError):
     code = "unavailable"
 
 
-class StoreError(InfaasError):
+class StoreError(Unavailable):
     code = "store_error"

@@ -6,6 +6,13 @@ kept per tenant × task × variant × minute and added to the store in one atomi
 flush, so a reader never sees half a flush and a total over the store is exactly the sum of what
 the responses reported.
 
+With a `UsageJournal`, each charge is also appended to a local journal (see `infaas.journal`), the
+query handler awaits `Meter.durable()` before replying, and a flush carries a mark (journal, last
+sequence number) that the store applies at most once. A flush that fails stays "in doubt" and is
+retried *as the same batch* before anything newer, so a timeout whose write did land is skipped by
+its mark instead of counted twice; entries an earlier process journaled but never flushed are
+replayed by the first flush.
+
 `Meter` is pure bookkeeping: the time of each record comes in as an argument (`now_s`, wall-clock
 seconds), so tests drive it with a fake clock. `MeterFlusher` is the I/O shell that flushes at
 `settings.usage_flush_interval_s` and at shutdown. Listeners (`add_listener`) see one
@@ -21,7 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from infaas.journal import JournalEntry, UsageJournal
 from infaas.periodic import Periodic
+from infaas.store.base import UsageMark
 from infaas.types import (
     COUNTER_COST_PUSD,
     COUNTER_QUERIES,
@@ -50,21 +59,33 @@ _Key = tuple[str, str, str, int]
 class UsageSink(Protocol):
     """Where usage goes: the metadata store's atomic counter add."""
 
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None: ...
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool: ...
+
+    def usage_mark(self, source: str) -> int: ...
 
 
 class FlakySink:
-    """A shipped fake for tests: forwards to `inner`, but the next `failures` calls raise."""
+    """A shipped fake for tests: forwards to `inner`, but the next `failures` calls raise. With
+    `apply_then_fail`, a failing `add_usage` writes first and then raises (a lost reply)."""
 
-    def __init__(self, inner: UsageSink, failures: int = 1) -> None:
+    def __init__(self, inner: UsageSink, failures: int = 1, apply_then_fail: bool = False) -> None:
         self.inner = inner
         self.failures = failures
+        self.apply_then_fail = apply_then_fail
 
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool:
+        if self.failures > 0:
+            self.failures -= 1
+            if self.apply_then_fail:  # the write lands, the reply is lost (a timeout)
+                self.inner.add_usage(deltas, mark)
+            raise ConnectionError("sink unavailable (FlakySink)")
+        return self.inner.add_usage(deltas, mark)
+
+    def usage_mark(self, source: str) -> int:
         if self.failures > 0:
             self.failures -= 1
             raise ConnectionError("sink unavailable (FlakySink)")
-        self.inner.add_usage(deltas)
+        return self.inner.usage_mark(source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +105,25 @@ class MeterRecord:
     error: str | None = None  # the error code of a failed query
 
 
+def _counters(rows: int, cost_pusd: int, slo_met: bool, latency_ms: float) -> dict[str, int]:
+    """The usage counters one answered query adds."""
+    return {
+        COUNTER_QUERIES: 1,
+        COUNTER_ROWS: rows,
+        COUNTER_COST_PUSD: cost_pusd,
+        COUNTER_SLO_MET if slo_met else COUNTER_SLO_MISSED: 1,
+        latency_bucket_counter(latency_ms): 1,
+    }
+
+
+def _add(pending: dict[_Key, dict[str, int]], key: _Key, counters: dict[str, int]) -> None:
+    row = pending.get(key)
+    if row is None:
+        row = pending[key] = {}
+    for name, value in counters.items():
+        row[name] = row.get(name, 0) + value
+
+
 def cost_share_pusd(profile: Profile, batch_rows: int, rows: int) -> int:
     """This request's share, in integer pico-dollars, of the measured cost of the batch it ran in:
     the batch cost (price × mean latency at that batch size) split by rows."""
@@ -96,14 +136,26 @@ def cost_share_pusd(profile: Profile, batch_rows: int, rows: int) -> int:
 class Meter:
     """In-memory usage counters, per tenant × task × variant × minute."""
 
-    def __init__(self, sink: UsageSink) -> None:
+    def __init__(self, sink: UsageSink, journal: UsageJournal | None = None) -> None:
         self._sink = sink
+        self._journal = journal
         self._lock = threading.Lock()  # record() runs on the event loop, flush() may run in a thread
+        self._flush_lock = threading.Lock()  # one flush at a time: batches reach the store in order
+        self._pending_seq = 0  # the journal's last sequence number in `_pending`
+        self._in_doubt: tuple[list[UsageDelta], int] | None = None  # a batch whose flush failed
+        self._replayed = journal is None
         # Keyed by a plain (tenant, task, variant, minute) tuple, not a `UsageKey`: this runs once
         # per query, and building and hashing a pydantic model there costs several µs. The
         # `UsageKey`s are built at flush time.
         self._pending: dict[_Key, dict[str, int]] = {}
         self._listeners: list[Callable[[MeterRecord], None]] = []
+
+    def use_journal(self, journal: UsageJournal | None) -> None:
+        """Journal every charge from now on (set before the first query; None: stop journaling).
+        The next flush first replays what an earlier process left in `journal`."""
+        with self._flush_lock, self._lock:
+            self._journal = journal
+            self._replayed = journal is None
 
     def add_listener(self, fn: Callable[[MeterRecord], None]) -> None:
         """Call `fn` with every `MeterRecord` from now on (answered and failed queries)."""
@@ -123,18 +175,16 @@ class Meter:
         now_s: float,
     ) -> MeterRecord:
         """Count one answered query (charged `cost_pusd`) in the minute of `now_s`."""
-        key = (tenant, task, variant, int(now_s // 60))
-        bucket = latency_bucket_counter(latency_ms)
+        minute = int(now_s // 60)
+        counters = _counters(rows, cost_pusd, slo_met, latency_ms)
+        journal = self._journal
         with self._lock:
-            row = self._pending.get(key)
-            if row is None:
-                row = self._pending[key] = {}
-            row[COUNTER_QUERIES] = row.get(COUNTER_QUERIES, 0) + 1
-            row[COUNTER_ROWS] = row.get(COUNTER_ROWS, 0) + rows
-            row[COUNTER_COST_PUSD] = row.get(COUNTER_COST_PUSD, 0) + cost_pusd
-            slo_counter = COUNTER_SLO_MET if slo_met else COUNTER_SLO_MISSED
-            row[slo_counter] = row.get(slo_counter, 0) + 1
-            row[bucket] = row.get(bucket, 0) + 1
+            _add(self._pending, (tenant, task, variant, minute), counters)
+            if journal is not None:
+                seq = self._pending_seq = journal.next_seq()
+                journal.append(
+                    JournalEntry(seq, tenant, task, variant, minute, rows, cost_pusd, slo_met, latency_ms)
+                )
         record = MeterRecord(
             tenant=tenant,
             task=task,
@@ -177,29 +227,83 @@ class Meter:
             except Exception:  # a broken metrics hook must not fail the query it observes
                 log.exception("meter listener %r failed", fn)
 
+    async def durable(self) -> None:
+        """Wait until every charge recorded so far is in the journal on disk (no-op without one).
+        The query handler awaits this before replying: an answer sent is an answer billed."""
+        if self._journal is not None:
+            await self._journal.durable()
+
     def pending(self) -> list[UsageDelta]:
-        """The counters not yet flushed (a copy)."""
+        """The counters not yet in the store (a copy): the in-doubt batch and the pending ones."""
         with self._lock:
-            return [_delta(k, dict(c)) for k, c in sorted(self._pending.items())]
+            merged: dict[_Key, dict[str, int]] = {}
+            for delta in self._in_doubt[0] if self._in_doubt else []:
+                k = delta.key
+                _add(merged, (k.tenant, k.task, k.variant, k.minute), delta.counters)
+            for key, counters in self._pending.items():
+                _add(merged, key, counters)
+            return [_delta(k, c) for k, c in sorted(merged.items())]
 
     def flush(self) -> int:
-        """Write pending counters to the sink in one atomic call; returns the rows written. On a
-        sink failure the counters are merged back, so nothing is lost or counted twice."""
-        with self._lock:
-            taken, self._pending = self._pending, {}
-        if not taken:
-            return 0
-        deltas = [_delta(k, c) for k, c in sorted(taken.items())]
-        try:
-            self._sink.add_usage(deltas)
-        except Exception:
+        """Write what is not yet in the store, in order: the journal of an earlier process (first
+        flush only), a batch whose flush failed, then the pending counters, each in one atomic
+        call. Returns the usage rows written. On a failure the batch stays in doubt and is retried
+        as is by the next flush, so nothing is lost or counted twice."""
+        with self._flush_lock:
+            written = self._replay()
+            if self._in_doubt is not None:
+                deltas, seq = self._in_doubt
+                self._write(deltas, seq)
+                self._in_doubt = None
+                written += len(deltas)
             with self._lock:
-                for key, counters in taken.items():
-                    row = self._pending.setdefault(key, {})
-                    for name, value in counters.items():
-                        row[name] = row.get(name, 0) + value
-            raise
-        return len(deltas)
+                taken, self._pending = self._pending, {}
+                seq = self._pending_seq
+            if taken:
+                self._in_doubt = deltas, seq = [_delta(k, c) for k, c in sorted(taken.items())], seq
+                self._write(deltas, seq)
+                self._in_doubt = None
+                written += len(deltas)
+            return written
+
+    def _write(self, deltas: list[UsageDelta], seq: int) -> None:
+        journal = self._journal
+        if journal is None:
+            self._sink.add_usage(deltas)
+            return
+        # The store's mark must never pass what the journal holds: a restart numbers on from the
+        # journal, and entries at or below the store's mark would be skipped.
+        journal.wait_durable(seq)
+        self._sink.add_usage(deltas, mark=(journal.source, seq))
+        journal.trim(seq)
+
+    def _replay(self) -> int:
+        """Count, once, what an earlier process journaled but did not flush."""
+        journal = self._journal
+        if self._replayed or journal is None:
+            return 0
+        mark = self._sink.usage_mark(journal.source)
+        entries = journal.entries(after_seq=mark, before_seq=journal.first_seq)
+        written = 0
+        if entries:
+            merged: dict[_Key, dict[str, int]] = {}
+            for e in entries:
+                _add(
+                    merged,
+                    (e.tenant, e.task, e.variant, e.minute),
+                    _counters(e.rows, e.cost_pusd, e.slo_met, e.latency_ms),
+                )
+            deltas = [_delta(k, c) for k, c in sorted(merged.items())]
+            self._write(deltas, entries[-1].seq)
+            written = len(deltas)
+            log.warning(
+                "usage journal: replayed %d charge(s) an earlier process answered but had not flushed",
+                len(entries),
+            )
+        else:
+            journal.trim(journal.first_seq - 1)
+        self._replayed = True
+        return written
 
 
 def _delta(key: _Key, counters: dict[str, int]) -> UsageDelta:

@@ -97,6 +97,15 @@ class LabelBounds:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
+    def admit(self, value: str) -> str:
+        """Known without asking the source (e.g. a tenant that just authenticated): its own label
+        from its first use, up to the cap."""
+        if value in self._seen:
+            return value
+        with self._lock:
+            self._known = self._known | {value}
+            return bounded_label(value, self._known, self._seen, self._max_values)
+
     def __call__(self, value: str) -> str:
         if value in self._seen:  # the hot path: set reads need no lock, and values never leave
             return value
@@ -195,13 +204,21 @@ class Metrics:
         clock: Callable[[], float],
         sources: Callable[[], tuple[FleetSource | None, Batcher | None]] = lambda: (None, None),
         max_label_values: int = 1000,
+        catalog: Callable[[], tuple[Iterable[str], Iterable[str]]] | None = None,
     ) -> None:
+        """`catalog` (task names, variant names) replaces the store as the source of known names:
+        the app passes the router's snapshot, so a label miss never waits on the store."""
         self.registry = CollectorRegistry()
         self.tenants = LabelBounds(
             _known_tenants(store), clock, max_values=max_label_values, fixed=("admin",)
         )
-        self.tasks = LabelBounds(_known_tasks(store), clock, max_values=max_label_values)
-        self.variants = LabelBounds(_known_variants(store), clock, max_values=max_label_values, fixed=(NONE,))
+        tasks, variants = (
+            (lambda: catalog()[0], lambda: catalog()[1])
+            if catalog is not None
+            else (_known_tasks(store), _known_variants(store))
+        )
+        self.tasks = LabelBounds(tasks, clock, max_values=max_label_values)
+        self.variants = LabelBounds(variants, clock, max_values=max_label_values, fixed=(NONE,))
         labels = ["tenant", "task", "variant", "outcome"]
         self._requests = Counter(
             "infaas_requests", "Queries answered or failed.", labels, registry=self.registry
@@ -266,7 +283,9 @@ class Metrics:
         return generate_latest(self.registry)
 
     def listener(self, record: MeterRecord) -> None:
-        """The hook for `Meter.add_listener`: one record per answered or failed query."""
+        """The hook for `Meter.add_listener`: one record per answered or failed query. Its tenant
+        is an authenticated principal, so it gets its own label from its first query."""
+        self.tenants.admit(record.tenant)
         self.observe_query(
             tenant=record.tenant,
             task=record.task,

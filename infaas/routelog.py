@@ -57,6 +57,11 @@ class RouteLog:
         )
         return FleetEvent(at_s=record.at_s, kind="route", variant=record.variant, reason=reason)
 
+    def add(self, event: FleetEvent) -> None:
+        """Record a routing decision made elsewhere (a quarantine)."""
+        with self._lock:
+            self._events.append(event)
+
     def events(self, limit: int = 50) -> list[FleetEvent]:
         """The most recent events, oldest first (as `WorkerPool.events`)."""
         with self._lock:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,14 +33,17 @@ from infaas.errors import (
     ArchitectureNotFound,
     InvalidInput,
     NoFeasibleVariant,
+    NotFound,
+    StoreError,
     TaskNotFound,
     Unavailable,
     VariantNotFound,
 )
 from infaas.periodic import Periodic
 from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
+from infaas.quarantine import Quarantine
 from infaas.store import MetadataStore
-from infaas.types import SLO, Architecture, MachineInfo, Profile, Task, Variant
+from infaas.types import SLO, Architecture, FleetEvent, MachineInfo, Profile, Task, Variant
 from infaas.workers.base import Batcher, WorkerPool
 from profiler.machine import is_foreign, local_machine
 
@@ -239,8 +243,15 @@ class Router:
         miss_refresh_interval_s: float = 0.5,
         loaded_ttl_s: float = 0.02,
         machine: MachineInfo | None = None,
+        quarantine: Quarantine | None = None,
+        on_event: Callable[[FleetEvent], None] | None = None,
     ) -> None:
         self._store = store
+        # Variants that keep failing are left out of the tables for a while (`infaas.quarantine`);
+        # `_snapshot` is the store's snapshot (`_base`) minus them.
+        self.quarantine = quarantine if quarantine is not None else Quarantine()
+        self._quarantine_seen = (-1, float("inf"))
+        self._on_event = on_event
         self._machine = machine if machine is not None else local_machine()
         self._pool = pool
         # The batcher's in-process pool for sub-hop variants: a variant loaded there is warm too.
@@ -252,10 +263,11 @@ class Router:
         self.overheads: dict[str, OverheadTracker] = {}
         self._miss_refresh_interval_s = miss_refresh_interval_s
         self._loaded_ttl_s = loaded_ttl_s
-        self._snapshot = Snapshot.empty()
+        self._snapshot = self._base = Snapshot.empty()
         self._last_miss_refresh_s = float("-inf")
         self._loaded: dict[int, _LoadedCache] = {}
         self._hinted: set[str] = set()
+        self._warm_up: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._refresher = Periodic("router-refresh", refresh_interval_s, self._refresh_round)
         self.on_refresh: list[Callable[[Snapshot], None]] = []
@@ -268,7 +280,7 @@ class Router:
     def refresh(self) -> bool:
         """Reload the snapshot from the store; True when it changed."""
         fresh = Snapshot.load(self._store, self._machine)
-        if fresh.fingerprint == self._snapshot.fingerprint:
+        if fresh.fingerprint == self._base.fingerprint:
             return False
         self._adopt(fresh)
         return True
@@ -280,10 +292,53 @@ class Router:
                 len(fresh.excluded),
                 "; ".join(f"{name}: {why}" for name, why in sorted(fresh.excluded.items())),
             )
+        self._base = fresh
+        self._quarantine_seen = (-1, float("inf"))
         self._snapshot = fresh
         self._loaded.clear()
         for fn in self.on_refresh:
             fn(fresh)
+
+    # ---- unhealthy variants -------------------------------------------------------------
+    def report(self, variant: str, error: Exception | None, now_s: float) -> None:
+        """A load or batch of `variant` finished: `error` None for success. Failures that say
+        the variant (not the request) is broken count towards its quarantine."""
+        if error is None:
+            self.quarantine.success(variant)
+            return
+        if not isinstance(error, Unavailable) or isinstance(error, StoreError):
+            return
+        verdict = self.quarantine.failure(variant, error.message, now_s)
+        if verdict is not None:
+            log.warning("quarantined %s for %.0f s: %s", variant, verdict.backoff_s, verdict.reason)
+            if self._on_event is not None:
+                reason = (
+                    f"quarantined for {verdict.backoff_s:.0f} s after {self.quarantine.after_failures} "
+                    f"failures in a row; queries go to other variants (last: {verdict.reason})"
+                )
+                self._on_event(
+                    FleetEvent(at_s=time.time(), kind="quarantine", variant=variant, reason=reason)
+                )
+
+    def _apply_quarantine(self, now_s: float) -> None:
+        """Keep `_snapshot` = `_base` minus the quarantined variants (cheap when nothing changed)."""
+        q = self.quarantine
+        if (q.version, q.next_change_s) == self._quarantine_seen and now_s < q.next_change_s:
+            return
+        blocked = q.blocked(now_s)
+        self._quarantine_seen = (q.version, q.next_change_s)
+        base = self._base
+        if not blocked:
+            self._snapshot = base
+        else:
+            self._snapshot = Snapshot.build(
+                base.fingerprint,
+                base.tasks,
+                base.architectures,
+                {n: (v, None if n in blocked else p) for n, (v, p) in base.variants.items()},
+                {**base.excluded, **blocked},
+            )
+        self._loaded.clear()
 
     def start(self) -> None:
         """Start the background refresh (call from the running event loop)."""
@@ -291,7 +346,7 @@ class Router:
 
     async def _refresh_round(self) -> None:
         fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
-        if fresh.fingerprint != self._snapshot.fingerprint:
+        if fresh.fingerprint != self._base.fingerprint:
             self._adopt(fresh)
 
     def _refresh_on_miss(self, now_s: float) -> bool:
@@ -302,10 +357,51 @@ class Router:
         self._last_miss_refresh_s = now_s
         return self.refresh()
 
-    def task(self, name: str, now_s: float) -> Task:
-        """The task, or `TaskNotFound`."""
+    async def _refresh_on_miss_async(self, now_s: float) -> bool:
+        if now_s - self._last_miss_refresh_s < self._miss_refresh_interval_s:
+            return False
+        self._last_miss_refresh_s = now_s
+        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
+        if fresh.fingerprint == self._base.fingerprint:
+            return False
+        self._adopt(fresh)
+        return True
+
+    async def task_async(self, name: str, now_s: float) -> Task:
+        """`task` for the event loop: a miss re-reads the store in a thread, never on the loop."""
+        try:
+            return self.task(name, now_s, refresh=False)
+        except NotFound:
+            if not await self._refresh_on_miss_async(now_s):
+                raise
+            return self.task(name, now_s, refresh=False)
+
+    async def route_async(
+        self,
+        task_name: str,
+        rows: int,
+        slo: SLO,
+        now_s: float,
+        *,
+        architecture: str | None = None,
+        variant: str | None = None,
+    ) -> Routed:
+        """`route` for the event loop: a name the snapshot lacks re-reads the store in a thread."""
+        try:
+            return self.route(
+                task_name, rows, slo, now_s, architecture=architecture, variant=variant, refresh=False
+            )
+        except NotFound:
+            if not await self._refresh_on_miss_async(now_s):
+                raise
+            return self.route(
+                task_name, rows, slo, now_s, architecture=architecture, variant=variant, refresh=False
+            )
+
+    def task(self, name: str, now_s: float, *, refresh: bool = True) -> Task:
+        """The task, or `TaskNotFound`. A miss re-reads the store (blocking) unless not `refresh`."""
         task = self._snapshot.tasks.get(name)
-        if task is None and self._refresh_on_miss(now_s):
+        if task is None and refresh and self._refresh_on_miss(now_s):
             task = self._snapshot.tasks.get(name)
         if task is None:
             raise TaskNotFound(f"no task {name!r}; GET /v1/tasks lists them", task=name)
@@ -361,15 +457,18 @@ class Router:
         *,
         architecture: str | None = None,
         variant: str | None = None,
+        refresh: bool = True,
     ) -> Routed:
-        """Pick the variant for a query of `rows` rows, or raise the error the API returns."""
-        task = self.task(task_name, now_s)
+        """Pick the variant for a query of `rows` rows, or raise the error the API returns. A name
+        the snapshot lacks re-reads the store (blocking) unless not `refresh`."""
+        self._apply_quarantine(now_s)
+        task = self.task(task_name, now_s, refresh=refresh)
         snap = self._snapshot
         if variant is not None:
-            return self._route_pinned(task, rows, slo, variant, now_s)
+            return self._route_pinned(task, rows, slo, variant, now_s, refresh)
         if architecture is not None:
             arch = snap.architectures.get(architecture)
-            if arch is None and self._refresh_on_miss(now_s):
+            if arch is None and refresh and self._refresh_on_miss(now_s):
                 snap = self._snapshot
                 arch = snap.architectures.get(architecture)
             if arch is None:
@@ -390,10 +489,12 @@ class Router:
             self._hint(result.load_hint)
         return self._routed(result, task, live, queue_ms, rows)
 
-    def _route_pinned(self, task: Task, rows: int, slo: SLO, name: str, now_s: float) -> Routed:
+    def _route_pinned(
+        self, task: Task, rows: int, slo: SLO, name: str, now_s: float, refresh: bool
+    ) -> Routed:
         snap = self._snapshot
         entry = snap.variants.get(name)
-        if entry is None and self._refresh_on_miss(now_s):
+        if entry is None and refresh and self._refresh_on_miss(now_s):
             snap = self._snapshot
             entry = snap.variants.get(name)
         if entry is None:
@@ -485,20 +586,25 @@ class Router:
             if best is None or (cost, name) < best:
                 cheapest[variant.architecture] = (cost, name)
         names = sorted(name for _, name in cheapest.values())
-        for name in names:
-            self._hint(name)
+        self._warm_up = [t for t in (self._hint(name) for name in names) if t is not None]
         return names
 
-    def _hint(self, name: str) -> None:
+    @property
+    def warming_up(self) -> int:
+        """Warm-up loads still running (readiness waits for 0)."""
+        return sum(1 for t in self._warm_up if not t.done())
+
+    def _hint(self, name: str) -> asyncio.Task[None] | None:
         if name in self._hinted:
-            return
+            return None
         entry = self._snapshot.variants.get(name)
         if entry is None or entry[1] is None:
-            return
+            return None
         self._hinted.add(name)
         task = asyncio.get_running_loop().create_task(self._load(*entry), name=f"load-hint:{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _load(self, variant: Variant, profile: Profile | None) -> None:
         assert profile is not None  # _hint only loads profiled variants
@@ -506,8 +612,11 @@ class Router:
             # Through the batcher: a sub-hop variant is warmed on the front end's fast path,
             # where its batches will run, not on a Ray worker.
             await self._batcher.warm(variant, profile)
-        except Exception:
+        except Exception as exc:
             log.exception("loading %s on the router's hint failed", variant.name)
+            self.report(variant.name, exc, time.monotonic())
+        else:
+            self.report(variant.name, None, time.monotonic())
         finally:
             self._hinted.discard(variant.name)
             self._loaded.clear()

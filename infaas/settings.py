@@ -35,6 +35,23 @@ class Settings(BaseSettings):
     autoscale_downscale_delay_s: float = Field(
         default=60.0, ge=0, description="How long a variant stays idle before its replicas are unloaded."
     )
+    store_timeout_s: float = Field(
+        default=2.0, gt=0, description="Bound on each store call (Redis socket, SQLite lock wait)."
+    )
+    usage_journal: bool = Field(
+        default=True,
+        description="Write every charge to a local journal (fsync'd before the answer is sent), "
+        "replayed into the store at start: no answered query goes unbilled, even on a crash.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On SIGTERM/SIGINT, how long in-flight requests may take to finish."
+    )
+    quarantine_after_failures: int = Field(
+        default=3, ge=1, description="Failed loads or crashed batches in a row before a variant is set aside."
+    )
+    quarantine_backoff_s: float = Field(
+        default=30.0, gt=0, description="First quarantine; doubles on each relapse, up to 32x."
+    )
     require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
 
     @field_validator("data_dir", "price_table", mode="after")
@@ -49,6 +66,10 @@ class Settings(BaseSettings):
     @property
     def artifacts_dir(self) -> Path:
         return self.data_dir / "artifacts"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.data_dir / "usage-journal.db"
 
     @property
     def admin_key_path(self) -> Path:

@@ -352,7 +352,7 @@ class FleetEvent(_Value):
     """A routing, loading, eviction or scaling decision, with its reason, for the fleet view."""
 
     at_s: float
-    kind: Literal["route", "load", "evict", "replicate", "unload", "crash", "retry"]
+    kind: Literal["route", "load", "evict", "replicate", "unload", "crash", "retry", "quarantine"]
     variant: str
     worker_id: str | None = None
     reason: str

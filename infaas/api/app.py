@@ -6,8 +6,10 @@ their own store. Long-lived resources are opened in the lifespan and closed on s
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -19,9 +21,12 @@ from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants,
 from infaas.api.routes import models as model_routes
 from infaas.autoscaler import ArrivalWindow, Autoscaler
 from infaas.batching import AsyncBatcher
+from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
 from infaas.metrics import Metrics
+from infaas.periodic import Periodic
 from infaas.policy.autoscaling import AutoscalingConfig
+from infaas.quarantine import Quarantine
 from infaas.registry import build_registry
 from infaas.routelog import RouteLog
 from infaas.router import Router
@@ -35,6 +40,22 @@ from profiler.process import ProcessProfiler
 __all__ = ["create_app"]
 
 _MB = 1024 * 1024
+
+log = logging.getLogger(__name__)
+
+
+async def _watch_pool(app: FastAPI, health: Callable[[], str | None]) -> None:
+    """A front end whose Ray died cannot answer anything again: stop the process with a message
+    and a non-zero code, so a supervisor restarts it, instead of failing every query."""
+    problem = health()
+    if problem is None:
+        return
+    stop = app.state.stop_server
+    message = f"{problem}; stopping. Start `infaas serve` again (it starts a fresh local Ray)."
+    if stop is not None:
+        stop(3, message)
+    else:
+        log.error(message)
 
 
 def create_app(
@@ -53,6 +74,18 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Charges go to the local journal before answers go out; the first flush replays what an
+        # earlier process journaled but never flushed (a crash), or leaves it for later (store down).
+        journal = UsageJournal(settings.journal_path) if settings.usage_journal else None
+        meter.use_journal(journal)
+        try:
+            await asyncio.to_thread(meter.flush)
+        except Exception as exc:
+            log.warning(
+                "usage from the journal not flushed yet (retried every %ss): %s",
+                settings.usage_flush_interval_s,
+                exc,
+            )
         # The query path: worker pool (a lean local Ray unless settings.ray_address) → batcher →
         # router; the meter flushes usage in the background and once more at shutdown.
         local: InProcessPool | None = None
@@ -65,7 +98,16 @@ def create_app(
         else:
             the_pool = pool
         batcher = AsyncBatcher(the_pool, local=local)
-        the_router = Router(the_store, the_pool, batcher, local=local, machine=machine)
+        the_router = Router(
+            the_store,
+            the_pool,
+            batcher,
+            local=local,
+            machine=machine,
+            quarantine=Quarantine(settings.quarantine_after_failures, settings.quarantine_backoff_s),
+            on_event=app.state.route_log.add,
+        )
+        batcher.on_outcome = lambda variant, error: the_router.report(variant, error, time.monotonic())
         the_router.refresh()
         the_router.start()
         the_router.warm_up()
@@ -87,13 +129,32 @@ def create_app(
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
         app.state.local_pool = local
         app.state.autoscaler = autoscaler
+        pool_health: Callable[[], str | None] = getattr(the_pool, "health", lambda: None)
+        app.state.readiness_checks.update(
+            workers=lambda: pool_health() or True,
+            warm_up=lambda: the_router.warming_up == 0 or f"{the_router.warming_up} variant(s) loading",
+        )
+        watchdog = Periodic("worker-pool-watchdog", 1.0, lambda: _watch_pool(app, pool_health))
+        watchdog.start()
         try:
             yield
         finally:
+            await watchdog.close()
             await autoscaler.close()
             await the_router.close()
             await batcher.close()
-            await flusher.close()
+            try:
+                await flusher.close()
+            except Exception as exc:
+                left = len(journal) if journal is not None else 0
+                log.error(
+                    "last usage flush failed (%s): %d charge(s) stay in the journal for the next start",
+                    exc,
+                    left,
+                )
+            meter.use_journal(None)
+            if journal is not None:
+                journal.close()
             if pool is None:
                 await the_pool.close()
             if local is not None:
@@ -115,8 +176,17 @@ def create_app(
     app.state.admin_key = ensure_admin_key(settings)
     app.state.key_cache = KeyCache()  # resolved tenant keys; see infaas.api.auth
     app.state.readiness_checks = {"store": lambda: the_store.list_tasks() is not None}
+    app.state.stop_server = None  # set by `infaas.api.lifecycle.run`: stops the process with a code
+
     # Admin views: its own Prometheus registry per app (never the global one), fed by the meter.
-    app.state.metrics = Metrics(the_store, time.monotonic, sources=lambda: fleet.fleet_sources(app.state))
+    def catalog() -> tuple[list[str], list[str]]:
+        router: Router | None = getattr(app.state, "router", None)
+        snap = router.snapshot if router is not None else None
+        return (list(snap.tasks), list(snap.variants)) if snap is not None else ([], [])
+
+    app.state.metrics = Metrics(
+        the_store, time.monotonic, sources=lambda: fleet.fleet_sources(app.state), catalog=catalog
+    )
     app.state.meter = meter
     meter.add_listener(app.state.metrics.listener)
     app.state.route_log = RouteLog()  # routing changes for the fleet view

@@ -4,11 +4,13 @@ Resolving a tenant key costs two store reads (key → name → tenant), which on
 more than the model. A resolved key is therefore kept in a `KeyCache` for `KEY_CACHE_TTL_S`
 seconds. A revoke made through this front end drops the tenant's keys from its cache at once; a
 revoke made elsewhere (another front end on the same store, or the store directly) takes effect
-here within `KEY_CACHE_TTL_S`. Unknown keys are never cached, so a new key works at once.
+here within `KEY_CACHE_TTL_S` (while the store is reachable: during an outage, keys resolved
+before keep working). Unknown keys are never cached, so a new key works at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -20,7 +22,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from infaas.errors import Forbidden, Unauthenticated
+from infaas.errors import Forbidden, StoreError, Unauthenticated
 from infaas.settings import Settings
 from infaas.store import MetadataStore
 from infaas.types import Role
@@ -60,15 +62,17 @@ class KeyCache:
         return hashlib.sha256(api_key.encode()).hexdigest()
 
     def get(self, digest: str, now_s: float) -> Principal | None:
+        """The principal while its entry is fresh; None when unknown or expired."""
         entry = self._entries.get(digest)
-        if entry is None:
+        if entry is None or now_s >= entry[1]:
             return None
-        principal, expires_s = entry
-        if now_s >= expires_s:
-            with self._lock:
-                self._entries.pop(digest, None)
-            return None
-        return principal
+        return entry[0]
+
+    def stale(self, digest: str) -> Principal | None:
+        """The principal even after its entry expired (kept until the cache is full or the tenant
+        revoked here): during a store outage a known tenant keeps being answered."""
+        entry = self._entries.get(digest)
+        return entry[0] if entry is not None else None
 
     def put(self, digest: str, principal: Principal, now_s: float) -> None:
         with self._lock:
@@ -120,10 +124,10 @@ def _bearer(request: Request) -> str:
 
 
 async def authenticate(request: Request) -> Principal:
-    """Any valid key: the admin's or an active tenant's. Async although it awaits nothing:
-    FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request that cost
-    more than the rest of the check. A cache miss reads the store on the loop (once per key and
-    TTL)."""
+    """Any valid key: the admin's or an active tenant's. Async: FastAPI runs a plain `def`
+    dependency in its thread pool, a thread hop per request that cost more than the rest of the
+    check. A cache miss reads the store in a thread (once per key and TTL); when the store fails,
+    a key resolved before is still accepted (`KeyCache.stale`), an unknown one gets 503."""
     token = _bearer(request)
     admin_key: str = request.app.state.admin_key
     if hmac.compare_digest(token.encode(), admin_key.encode()):
@@ -135,7 +139,17 @@ async def authenticate(request: Request) -> Principal:
     if principal is not None:
         return principal
     store: MetadataStore = request.app.state.store
-    tenant = store.tenant_for_key(token)
+    try:
+        # In a thread: a store that hangs (up to its timeout) must not stall the event loop.
+        tenant = await asyncio.to_thread(store.tenant_for_key, token)
+    except StoreError:
+        known = cache.stale(digest)
+        if known is None:
+            raise
+        # The store is down and this key resolved before: keep answering, and ask the store
+        # again only after another TTL, so the outage costs one timeout per key per TTL.
+        cache.put(digest, known, now_s)
+        return known
     if tenant is None:
         raise Unauthenticated("unknown or revoked API key")
     principal = Principal(name=tenant.name, role=tenant.role)

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infaas import errors as e
 
-__all__ = ["HTTP_STATUS", "install_error_handlers", "status_for"]
+__all__ = ["HTTP_STATUS", "RETRY_AFTER_S", "install_error_handlers", "status_for"]
 
 HTTP_STATUS: dict[type[e.InfaasError], int] = {
     e.InfaasError: 500,
@@ -27,8 +27,12 @@ HTTP_STATUS: dict[type[e.InfaasError], int] = {
     e.RegistrationError: 422,
     e.NoFeasibleVariant: 422,
     e.Unavailable: 503,
-    e.StoreError: 500,
+    e.StoreError: 503,
 }
+
+RETRY_AFTER_S = 1
+"""Sent as ``Retry-After`` with every 503: the condition (a drain, a lost worker, a store outage
+within its timeouts) is one a client should retry soon, not give up on."""
 
 
 def status_for(exc: e.InfaasError) -> int:
@@ -40,8 +44,13 @@ def status_for(exc: e.InfaasError) -> int:
 
 
 def _error_response(exc: e.InfaasError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, e.Unauthenticated) else None
-    return JSONResponse(exc.to_body(), status_code=status_for(exc), headers=headers)
+    status = status_for(exc)
+    headers: dict[str, str] = {}
+    if isinstance(exc, e.Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    if status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    return JSONResponse(exc.to_body(), status_code=status, headers=headers or None)
 
 
 def _validation_detail(errors: Any) -> str:

@@ -15,5 +15,5 @@ def open_store(settings: Settings) -> DocumentStore:
     if settings.redis_url:
         from infaas.store.redis import RedisStore  # only this backend imports redis
 
-        return RedisStore(settings.redis_url)
-    return SQLiteStore(settings.sqlite_path)
+        return RedisStore(settings.redis_url, timeout_s=settings.store_timeout_s)
+    return SQLiteStore(settings.sqlite_path, busy_timeout_s=max(settings.store_timeout_s, 5.0))

@@ -27,9 +27,12 @@ from infaas.types import (
     Variant,
 )
 
-__all__ = ["DocumentStore", "MetadataStore", "hash_key"]
+__all__ = ["DocumentStore", "MetadataStore", "UsageMark", "hash_key"]
 
 M = TypeVar("M", bound=BaseModel)
+
+UsageMark = tuple[str, int]
+"""(source, seq): which usage journal a batch of counters comes from, and the last entry it holds."""
 
 # Document kinds: one namespace each.
 TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY = (
@@ -85,8 +88,15 @@ class MetadataStore(Protocol):
     def list_tenants(self) -> list[Tenant]: ...
     def revoke_tenant(self, name: str) -> None: ...
 
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
-        """Add integer counters atomically (all deltas or none)."""
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool:
+        """Add integer counters atomically (all deltas or none). With a `mark` (source, seq), the
+        add happens only if the store's mark for that source is below `seq`, and the mark moves to
+        `seq` in the same atomic step: a batch replayed after a crash is never counted twice.
+        Returns False when the mark said the batch was already counted."""
+        ...
+
+    def usage_mark(self, source: str) -> int:
+        """The highest `seq` counted for `source` (0 when none)."""
         ...
 
     def usage(
@@ -119,7 +129,10 @@ class DocumentStore(abc.ABC):
         `exact` (atomic per call)."""
 
     @abc.abstractmethod
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None: ...
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool: ...
+
+    @abc.abstractmethod
+    def usage_mark(self, source: str) -> int: ...
 
     @abc.abstractmethod
     def usage(

@@ -6,7 +6,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from infaas.store.base import DocumentStore
+from infaas.store.base import DocumentStore, UsageMark
 from infaas.types import UsageDelta, UsageKey, UsageRecord
 
 __all__ = ["MemoryStore"]
@@ -17,6 +17,7 @@ class MemoryStore(DocumentStore):
         self._lock = threading.Lock()
         self._docs: dict[str, dict[str, str]] = defaultdict(dict)
         self._usage: dict[tuple[str, str, str, int], dict[str, int]] = {}
+        self._marks: dict[str, int] = {}
 
     def put_docs(self, docs: Iterable[tuple[str, str, str]]) -> None:
         items = list(docs)
@@ -39,13 +40,23 @@ class MemoryStore(DocumentStore):
             for key in [k for k in bucket if (k == prefix if exact else k.startswith(prefix))]:
                 del bucket[key]
 
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool:
         with self._lock:
+            if mark is not None:
+                source, seq = mark
+                if self._marks.get(source, 0) >= seq:
+                    return False
+                self._marks[source] = seq
             for delta in deltas:
                 k = delta.key
                 row = self._usage.setdefault((k.tenant, k.task, k.variant, k.minute), {})
                 for name, value in delta.counters.items():
                     row[name] = row.get(name, 0) + value
+        return True
+
+    def usage_mark(self, source: str) -> int:
+        with self._lock:
+            return self._marks.get(source, 0)
 
     def usage(
         self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from infaas.errors import StoreError
-from infaas.store.base import DocumentStore
+from infaas.store.base import DocumentStore, UsageMark
 from infaas.types import UsageDelta, UsageKey, UsageRecord
 
 __all__ = ["RedisStore"]
@@ -32,11 +32,41 @@ return n
 """
 
 
+# A marked usage add: skip when the source's mark already covers the batch, else move the mark and
+# add every counter, in one script (atomic on the server). KEYS[1] is the marks hash, KEYS[2] the
+# minute index; ARGV: source, seq, then (member, minute, n, name1, value1, ...) per usage row.
+_ADD_MARKED = """
+local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if seen >= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local prefix = ARGV[3]
+local i = 4
+while i <= #ARGV do
+  local member, minute, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  for j = 1, n do
+    redis.call('HINCRBY', prefix .. member, ARGV[i + 1 + 2 * j], ARGV[i + 2 + 2 * j])
+  end
+  redis.call('ZADD', KEYS[2], minute, member)
+  i = i + 3 + 2 * n
+end
+return 1
+"""
+
+
 class RedisStore(DocumentStore):
-    def __init__(self, url: str, namespace: str = "infaas") -> None:
+    """`timeout_s` bounds every call (connect and each reply): a Redis that stops answering makes
+    a call fail with `StoreError` in that time instead of hanging the caller."""
+
+    def __init__(self, url: str, namespace: str = "infaas", timeout_s: float = 2.0) -> None:
         self.url = url
         self.ns = namespace
-        self._r: redis.Redis = redis.Redis.from_url(url, decode_responses=True)
+        self._r: redis.Redis = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=10,
+        )
         try:
             self._r.ping()
         except redis.RedisError as exc:
@@ -46,6 +76,7 @@ class RedisStore(DocumentStore):
                 url=url,
             ) from exc
         self._delete_prefix = self._r.register_script(_DELETE_PREFIX)
+        self._add_marked = self._r.register_script(_ADD_MARKED)
 
     def _docs_key(self, kind: str) -> str:
         return f"{self.ns}:doc:{kind}"
@@ -82,7 +113,16 @@ class RedisStore(DocumentStore):
     def _usage_member(self, key: UsageKey) -> str:
         return json.dumps([key.tenant, key.task, key.variant, key.minute])
 
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool:
+        if mark is not None:
+            args: list[str | int] = [mark[0], mark[1], f"{self.ns}:usage:"]
+            for delta in deltas:
+                args += [self._usage_member(delta.key), delta.key.minute, len(delta.counters)]
+                for name, value in delta.counters.items():
+                    args += [name, value]
+            keys = [f"{self.ns}:usage_marks", f"{self.ns}:usage_index"]
+            return bool(self._run("usage write", lambda: self._add_marked(keys=keys, args=args)))
+
         def write() -> None:
             pipe = self._r.pipeline(transaction=True)
             for delta in deltas:
@@ -93,6 +133,11 @@ class RedisStore(DocumentStore):
             pipe.execute()
 
         self._run("usage write", write)
+        return True
+
+    def usage_mark(self, source: str) -> int:
+        value = self._run("read", self._r.hget, f"{self.ns}:usage_marks", source)
+        return int(value) if value is not None else 0
 
     def usage(
         self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from infaas.errors import StoreError
-from infaas.store.base import DocumentStore
+from infaas.store.base import DocumentStore, UsageMark
 from infaas.types import UsageDelta, UsageKey, UsageRecord
 
 __all__ = ["SQLiteStore"]
@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS usage (
     PRIMARY KEY (tenant, task, variant, minute, counter)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_by_minute ON usage (minute);
+CREATE TABLE IF NOT EXISTS usage_marks (source TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
 """
 
 
@@ -101,19 +102,34 @@ class SQLiteStore(DocumentStore):
                     "DELETE FROM docs WHERE kind = ? AND key LIKE ? ESCAPE '\\'", (kind, _escape_like(prefix))
                 )
 
-    def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+    def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool:
         rows = [
             (d.key.tenant, d.key.task, d.key.variant, d.key.minute, name, value)
             for d in deltas
             for name, value in d.counters.items()
         ]
         with self._write() as conn:
+            if mark is not None:
+                source, seq = mark
+                found = conn.execute("SELECT seq FROM usage_marks WHERE source = ?", (source,)).fetchone()
+                if found is not None and int(found[0]) >= seq:
+                    return False
+                conn.execute(
+                    "INSERT INTO usage_marks (source, seq) VALUES (?, ?) "
+                    "ON CONFLICT (source) DO UPDATE SET seq = excluded.seq",
+                    (source, seq),
+                )
             conn.executemany(
                 "INSERT INTO usage (tenant, task, variant, minute, counter, value) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, task, variant, minute, counter) "
                 "DO UPDATE SET value = value + excluded.value",
                 rows,
             )
+        return True
+
+    def usage_mark(self, source: str) -> int:
+        rows = self._read("SELECT seq FROM usage_marks WHERE source = ?", (source,))
+        return int(rows[0][0]) if rows else 0  # type: ignore[call-overload]
 
     def usage(
         self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None

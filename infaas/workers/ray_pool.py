@@ -380,6 +380,25 @@ class RayPool:
     def events(self, limit: int = 50) -> list[FleetEvent]:
         return self._events.recent(limit)
 
+    def health(self) -> str | None:
+        """None while the Ray this pool uses is up, else what went wrong. For a local Ray this pool
+        started, its own processes (GCS, raylet, ...) are checked: the driver cannot serve
+        without them, and Ray does not restart them."""
+        import ray
+
+        if self._closed:
+            return "the worker pool is shut down"
+        if not ray.is_initialized():
+            return "Ray is not initialised"
+        if self._owns_ray:
+            node = ray._private.worker._global_node
+            dead: list[tuple[str, Any]] = node.dead_processes() if node is not None else []
+            if dead:
+                return "the local Ray's processes died: " + ", ".join(
+                    f"{kind} (pid {proc.pid}, exit {proc.returncode})" for kind, proc in dead
+                )
+        return None
+
     def worker_pid(self, worker_id: str) -> int | None:
         """The OS process id of a worker (for operators and crash tests)."""
         worker = self._workers.get(worker_id)

@@ -206,6 +206,20 @@ def test_usage_counters_add_and_filter(store: DocumentStore) -> None:
     assert store.usage(tenant="nobody") == []
 
 
+def test_marked_usage_adds_once_per_source_and_sequence(store: DocumentStore) -> None:
+    key = UsageKey(tenant="acme", task="t", variant="a/onnx-cpu-fp32-t1", minute=10)
+    batch = [UsageDelta(key=key, counters={"queries": 2, "cost_pusd": 9})]
+    assert store.usage_mark("journal-a") == 0
+    assert store.add_usage(batch, mark=("journal-a", 5)) is True
+    assert store.add_usage(batch, mark=("journal-a", 5)) is False  # a replay: skipped
+    assert store.add_usage(batch, mark=("journal-a", 3)) is False  # older than the mark
+    assert store.add_usage(batch, mark=("journal-b", 1)) is True  # another journal, its own mark
+    assert store.add_usage(batch, mark=("journal-a", 6)) is True
+    assert (store.usage_mark("journal-a"), store.usage_mark("journal-b")) == (6, 1)
+    [row] = store.usage()
+    assert row.counters == {"queries": 6, "cost_pusd": 27}
+
+
 def _increment_worker(kind: str, location: str, seed: int, n: int) -> None:
     store = open_backend(kind, location)
     rng = random.Random(seed)

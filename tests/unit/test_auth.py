@@ -25,9 +25,10 @@ def test_key_cache_expires_and_drops_a_revoked_tenant() -> None:
     cache.put(d3, other, now_s=100.0)
     assert cache.get(d1, now_s=104.9) == acme
     assert cache.get(d1, now_s=105.0) is None  # expired: the next request asks the store
-    assert cache.get(d1, now_s=100.0) is None  # and the entry is gone
+    assert cache.stale(d1) == acme  # still known, for when the store cannot answer
     cache.drop_tenant("acme")
     assert cache.get(d2, now_s=101.0) is None
+    assert cache.stale(d1) is None and cache.stale(d2) is None  # a revoke forgets for good
     assert cache.get(d3, now_s=101.0) == other
 
 

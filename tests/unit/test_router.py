@@ -188,3 +188,44 @@ def test_warm_up_loads_the_cheapest_variant_of_each_architecture_where_it_will_r
         await router.close()
 
     asyncio.run(scenario())
+
+
+def test_a_variant_that_keeps_failing_is_quarantined_and_queries_go_elsewhere() -> None:
+    async def scenario() -> None:
+        store = store_with_one_task()
+        cheap, good = register(store, "broken"), register(store, "sound")
+        # the broken one is the cheaper: the router prefers it until it is set aside
+        store.put_profile(stored_profile(store, good).model_copy(update={"price_usd_per_s": 1e-3}))
+
+        def loader(v: object) -> EchoModel:
+            name = getattr(v, "name", "")
+            if name == cheap:
+                raise RuntimeError("INVALID_PROTOBUF: corrupt artifact")
+            return EchoModel(name)
+
+        pool = InProcessPool(loader=loader)
+        batcher = AsyncBatcher(pool)
+        events: list[object] = []
+        router = Router(store, pool, batcher, machine=MACHINE, on_event=events.append)
+        router.quarantine.after_failures = 2
+        batcher.on_outcome = lambda v, e: router.report(v, e, 10.0)
+        router.refresh()
+        slo = SLO(latency_ms=100)
+        rows = np.zeros((1, 4), dtype=np.float32)
+        for _ in range(2):
+            routed = router.route("t", 1, slo, now_s=10.0)
+            assert routed.variant.name == cheap
+            with pytest.raises(Unavailable, match="corrupt artifact"):
+                await batcher.submit(routed.variant, routed.profile, rows, deadline_s=1e9)
+        assert router.route("t", 1, slo, now_s=11.0).variant.name == good
+        assert "quarantined" in router.snapshot.excluded[cheap]
+        with pytest.raises(Unavailable, match="quarantined"):  # pinned: says why
+            router.route("t", 1, slo, now_s=11.0, variant=cheap)
+        assert len(events) == 1 and "quarantined for 30 s" in getattr(events[0], "reason", "")
+        # after the backoff it is tried again
+        assert router.route("t", 1, slo, now_s=40.0).variant.name == cheap
+        await router.close()
+        await batcher.close()
+        await pool.close()
+
+    asyncio.run(scenario())

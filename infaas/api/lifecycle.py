@@ -1,0 +1,173 @@
+"""Graceful shutdown: drain on SIGTERM / SIGINT, then stop in order, and exit 0.
+
+What a stop must do (every `systemctl stop`, container stop and rolling deploy sends SIGTERM):
+
+1. at once, `/readyz` answers 503 (a load balancer stops sending here) and every new request gets
+   503 ``unavailable`` with ``Retry-After`` (`DrainGate`);
+2. requests already in flight finish, for up to ``settings.drain_timeout_s``;
+3. uvicorn closes its sockets and runs the app's lifespan shutdown: the batcher drains, the meter's
+   last flush goes to the store (what cannot be written stays in the usage journal), workers and
+   Ray are shut down;
+4. the process exits 0.
+
+Two things stand in the way, both handled by `Server`: Ray installs its own SIGTERM handler in the
+driver when `ray.init` runs (inside the lifespan, after uvicorn installed its handlers), and that
+handler aborts the process; and uvicorn re-raises the captured signal once it has shut down, which
+turns a clean stop into death by signal. A second signal forces the exit without draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Generator
+from contextlib import contextmanager
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from infaas.errors import Unavailable
+from infaas.settings import Settings
+
+__all__ = ["DrainGate", "Server", "run"]
+
+log = logging.getLogger(__name__)
+
+_ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Probes and scrapes still answer while draining: they are how operators watch the drain."""
+
+
+class DrainGate:
+    """Pure ASGI middleware: counts requests in flight and, once `draining`, refuses new ones with
+    503 + ``Retry-After`` (probes excepted)."""
+
+    def __init__(self, app: ASGIApp, retry_after_s: int = 1) -> None:
+        self.app = app
+        self.draining = False
+        self.in_flight = 0
+        self._retry_after = str(retry_after_s).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.draining and scope["path"] not in _ALWAYS_OPEN:
+            await self._refuse(send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _refuse(self, send: Send) -> None:
+        exc = Unavailable("the server is shutting down; retry (another instance will answer)")
+        body = json.dumps(exc.to_body()).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", self._retry_after),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new requests and wait until none is in flight or `timeout_s` passed; returns the
+        number still in flight (0 on a clean drain)."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.in_flight
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with infaas's stop sequence (module docstring).
+
+    `on_fatal` lets the app stop the process with an exit code of its own (e.g. its Ray died)."""
+
+    def __init__(self, config: uvicorn.Config, gate: DrainGate, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.gate = gate
+        self.drain_timeout_s = drain_timeout_s
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    @contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+        # Unlike uvicorn, the caught signal is not raised again: the stop was handled, exit 0.
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+        # The lifespan has run, and with it `ray.init`, which replaced our SIGTERM handler with
+        # one that aborts the process: take the signals back.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self.handle_exit)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.gate.draining or self.should_exit or self._loop is None:
+            # A second signal, or one before the app started: stop now.
+            self.should_exit = True
+            self.force_exit = self.force_exit or self.gate.draining
+            return
+        name = signal.Signals(sig).name
+        print(f"infaas: {name} received: draining (up to {self.drain_timeout_s:g} s)", file=sys.stderr)
+        self.gate.draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        left = await self.gate.drain(self.drain_timeout_s)
+        if left:
+            log.error("drain deadline passed with %d request(s) in flight; they are cut", left)
+        self.should_exit = True
+
+    def stop(self, exit_code: int, message: str) -> None:
+        """Stop the server from inside the app (no drain: the app cannot serve) with `exit_code`."""
+        print(f"infaas: {message}", file=sys.stderr)
+        self.exit_code = exit_code
+        self.gate.draining = True
+        self.should_exit = True
+
+
+def run(app: FastAPI, settings: Settings) -> int:
+    """Serve `app` until stopped; returns the process exit code (0 after a signal's clean stop)."""
+    gate = DrainGate(app)
+    app.state.readiness_checks["accepting"] = lambda: not gate.draining
+    config = uvicorn.Config(
+        gate,
+        host=settings.host,
+        port=settings.port,
+        # No access log: at "warning" it would print nothing, yet uvicorn still computes its
+        # arguments for every request.
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    )
+    server = Server(config, gate, settings.drain_timeout_s)
+    app.state.stop_server = server.stop
+    server.run()
+    return server.exit_code

@@ -1,0 +1,126 @@
+"""The usage journal: charges survive a crash between answer and flush, and count exactly once.
+
+Real SQLite files under tmp_path (the journal is a file format, not a boundary to fake); the
+store is the in-memory fake, which runs the same contract suite as SQLite and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from infaas.errors import StoreError
+from infaas.journal import UsageJournal
+from infaas.metering import FlakySink, Meter
+from infaas.store import MemoryStore
+from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES
+
+
+def charge(meter: Meter, cost_pusd: int, tenant: str = "t1") -> None:
+    meter.record_answer(
+        tenant=tenant,
+        task="digits",
+        variant="v",
+        rows=1,
+        batch_rows=1,
+        cost_pusd=cost_pusd,
+        latency_ms=1.0,
+        slo_met=True,
+        now_s=600.0,
+    )
+
+
+def totals(store: MemoryStore) -> tuple[int, int]:
+    rows = store.usage()
+    return sum(r.counters[COUNTER_QUERIES] for r in rows), sum(r.counters[COUNTER_COST_PUSD] for r in rows)
+
+
+def answered(meter: Meter, costs: list[int]) -> None:
+    """Charge each cost and wait for the journal, as the query handler does before replying."""
+
+    async def go() -> None:
+        for cost in costs:
+            charge(meter, cost)
+            await meter.durable()
+
+    asyncio.run(go())
+
+
+def test_a_crash_before_the_flush_loses_nothing(tmp_path: Path) -> None:
+    store = MemoryStore()
+    path = tmp_path / "journal.db"
+    journal = UsageJournal(path)
+    meter = Meter(store, journal)
+    answered(meter, [3, 5])
+    meter.flush()
+    answered(meter, [7, 11, 13])  # answered, never flushed: the process dies here
+    journal.close()  # what the OS does for a killed process: the file stays, the lock goes
+    assert totals(store) == (2, 8)
+
+    again = UsageJournal(path)
+    assert again.source == journal.source and again.first_seq == 6
+    restarted = Meter(store, again)
+    assert restarted.flush() == 1  # the replay
+    assert totals(store) == (5, 39)
+    assert len(again) == 0
+    answered(restarted, [17])
+    restarted.flush()
+    assert totals(store) == (6, 56)
+    again.close()
+
+
+def test_a_flush_whose_reply_was_lost_is_not_counted_twice(tmp_path: Path) -> None:
+    store = MemoryStore()
+    journal = UsageJournal(tmp_path / "journal.db")
+    sink = FlakySink(store, failures=0, apply_then_fail=True)
+    meter = Meter(sink, journal)
+    meter.flush()  # the replay check, while the store answers
+    answered(meter, [3])
+    sink.failures = 1
+    with pytest.raises(ConnectionError):
+        meter.flush()  # the write landed; the caller cannot know
+    answered(meter, [4])
+    meter.flush()
+    assert totals(store) == (2, 7)
+    journal.close()
+
+
+def test_a_replay_the_store_already_counted_is_skipped(tmp_path: Path) -> None:
+    """The process died after the store counted a flush but before it trimmed the journal."""
+    store = MemoryStore()
+    path = tmp_path / "journal.db"
+    journal = UsageJournal(path)
+    answered(Meter(store, journal), [3, 5])
+    store.add_usage(Meter(MemoryStore()).pending(), mark=(journal.source, 2))  # counted elsewhere: 0 rows
+    journal.close()
+    again = UsageJournal(path)
+    Meter(store, again).flush()
+    assert totals(store) == (0, 0)  # the mark covered both entries: nothing replayed
+    assert len(again) == 0
+    again.close()
+
+
+def test_one_process_per_journal(tmp_path: Path) -> None:
+    journal = UsageJournal(tmp_path / "journal.db")
+    with pytest.raises(StoreError, match="held by another infaas process"):
+        UsageJournal(tmp_path / "journal.db")
+    journal.close()
+    UsageJournal(tmp_path / "journal.db").close()
+
+
+def test_a_store_outage_buffers_in_the_journal_and_lands_once(tmp_path: Path) -> None:
+    store = MemoryStore()
+    journal = UsageJournal(tmp_path / "journal.db")
+    meter = Meter(FlakySink(store, failures=3), journal)
+    answered(meter, [1, 2])
+    for _ in range(3):  # the replay check, then two flushes, all while the store is down
+        with pytest.raises(ConnectionError):
+            meter.flush()
+    answered(meter, [4])
+    assert len(journal) == 3
+    meter.flush()
+    assert totals(store) == (3, 7)
+    assert len(journal) == 0
+    journal.close()
