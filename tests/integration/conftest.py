@@ -77,6 +77,8 @@ class Served:
     settings: Settings
     admin_key: str
     pid: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
 
     def client(self, key: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0)
@@ -88,15 +90,21 @@ class Served:
             key: str = r.json()["api_key"]
             return key
 
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
 
 @contextmanager
-def serve_process(source: Settings, workdir: Path) -> Iterator[Served]:
+def serve_process(source: Settings, workdir: Path, env: dict[str, str] | None = None) -> Iterator[Served]:
     """`infaas serve` in its own process, as deployed (its latencies are not distorted by the
     test's client threads sharing its GIL), on a copy of `source`'s data dir under `workdir` (the
-    session's zoo is shared: work on a copy). Stopped with SIGINT: usage flushed, workers closed,
-    Ray stopped."""
+    session's zoo is shared: work on a copy; a second call with the same `workdir` is a restart on
+    the same data). `env` adds settings (``INFAAS_*``). Stopped with SIGINT unless the test stopped
+    it: usage flushed, workers closed, Ray stopped. It runs in a session of its own, and whatever
+    is left of that session at the end (Ray's agents outlive a SIGKILLed driver) is killed."""
     data_dir = workdir / "data"
-    shutil.copytree(source.data_dir, data_dir)
+    if not data_dir.exists():
+        shutil.copytree(source.data_dir, data_dir)
     settings = Settings(data_dir=data_dir, admin_key="admin-test-key", usage_flush_interval_s=0.2)
     port = free_port()
     env = {
@@ -106,14 +114,16 @@ def serve_process(source: Settings, workdir: Path) -> Iterator[Served]:
         "INFAAS_USAGE_FLUSH_INTERVAL_S": "0.2",
         "INFAAS_PORT": str(port),
         "TF_CPP_MIN_LOG_LEVEL": "3",
+        **(env or {}),
     }
-    log_path = workdir / "serve.log"
+    log_path = workdir / f"serve-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-c", "from infaas.cli import main; main()", "serve"],
         env=env,
         stdout=log,
         stderr=log,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -127,14 +137,19 @@ def serve_process(source: Settings, workdir: Path) -> Iterator[Served]:
             if time.monotonic() > deadline:
                 raise RuntimeError("infaas serve did not become ready in 120 s")
             time.sleep(0.2)
-        yield Served(url=url, settings=settings, admin_key="admin-test-key", pid=proc.pid)
+        yield Served(
+            url=url, settings=settings, admin_key="admin-test-key", pid=proc.pid, proc=proc, log_path=log_path
+        )
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # our own session only: Ray's leftovers, if any
         log.close()
 
 
