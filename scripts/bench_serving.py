@@ -5,6 +5,8 @@ handwritten  FastAPI + ONNX Runtime in one uvicorn process, the session called i
 rayserve     a plain Ray Serve deployment behind Serve's HTTP proxy (max_ongoing_requests raised)
 infaas-service  the real service: `infaas serve` with the variant registered and profiled in its
              store, queried through POST /v1/query with a tenant key, the variant pinned
+infaas-service-nojournal  the same with the usage journal off (INFAAS_USAGE_JOURNAL=0): what
+             writing every charge to disk before answering costs
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
              (`AsyncBatcher`) → `RayPool`, with the front-end fast path for sub-hop variants
              (`local=InProcessPool`): this 10 µs model then runs in the front end
@@ -411,7 +413,7 @@ def prepare_service(workdir: Path, artifact: Path, variant: Any, profile: Any) -
     return data_dir
 
 
-def start_service(workdir: Path, variant: Any) -> Server:
+def start_service(workdir: Path, variant: Any, journal: bool = True) -> Server:
     """`infaas serve` on the prepared data dir, and a tenant pinned to the benchmark variant."""
     import urllib.request
 
@@ -421,6 +423,7 @@ def start_service(workdir: Path, variant: Any) -> Server:
         "INFAAS_DATA_DIR": str(workdir / "service"),
         "INFAAS_ADMIN_KEY": ADMIN_KEY,
         "INFAAS_PORT": str(port),
+        "INFAAS_USAGE_JOURNAL": "1" if journal else "0",
     }
     cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve"]
     proc = subprocess.Popen(
@@ -499,7 +502,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument(
         "--only",
-        default="handwritten,rayserve,infaas-service,infaas,infaas-ray,infaas-nobatch",
+        default="handwritten,rayserve,infaas-service,infaas-service-nojournal,infaas,infaas-ray,infaas-nobatch",
         help="servers to measure",
     )
     args = parser.parse_args()
@@ -527,7 +530,7 @@ def main() -> None:
         results["bare"], profile = bare(path, variant)
         (workdir / "variant.json").write_text(variant.model_dump_json())
         (workdir / "profile.json").write_text(profile.model_dump_json())
-        if "infaas-service" in args.only.split(","):
+        if any(kind.startswith("infaas-service") for kind in args.only.split(",")):
             prepare_service(workdir, path, variant, profile)
         print(f"variant {variant.name}: bare p50 {results['bare']['p50_ms'] * 1000:.0f} µs", flush=True)
         # Interleaved rounds, one server up at a time (an idle Ray instance still costs CPU on 2
@@ -537,8 +540,8 @@ def main() -> None:
         rps: dict[str, list[float]] = {}
         for round_no in range(args.rounds):
             for kind in args.only.split(","):
-                if kind == "infaas-service":
-                    server = start_service(workdir, variant)
+                if kind.startswith("infaas-service"):
+                    server = start_service(workdir, variant, journal=kind == "infaas-service")
                 else:
                     server = start_server(kind, workdir)
                 try:
@@ -602,6 +605,9 @@ def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
     if "rayserve" in results:
         ratio = inf["rps"] / results["rayserve"]["rps"]
         goals.append((f"throughput {name} / Ray Serve", ratio, "≥ 5", ratio >= 5))
+    if "infaas-service-nojournal" in results and "infaas-service" in results:
+        ratio = results["infaas-service"]["rps"] / results["infaas-service-nojournal"]["rps"]
+        goals.append(("throughput usage journal on / off", ratio, "≥ 0.95", ratio >= 0.95))
     if name != "infaas" and "infaas" in results:
         path = results["infaas"]
         goals.append(
