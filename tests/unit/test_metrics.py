@@ -8,6 +8,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from infaas.batching import AsyncBatcher, ManualTimer
+from infaas.metering import MeterRecord
 from infaas.metrics import OTHER, LabelBounds, Metrics, bounded_label
 from infaas.store import MemoryStore
 from infaas.types import (
@@ -202,3 +203,36 @@ def test_each_app_has_its_own_registry() -> None:
     a.observe_query(tenant="acme", task="digits", variant=None, outcome="ok", latency_ms=1)
     assert any(name == "infaas_requests_total" for name, _ in samples(a))
     assert not any(name == "infaas_requests_total" for name, _ in samples(b))
+
+
+def test_a_new_tenant_is_labelled_from_its_first_query_without_a_store_read() -> None:
+    """A tenant created a moment ago is not in the label cache, but it authenticated: the meter's
+    record is enough, and its spend must never be booked to `_other`."""
+    store = seeded_store()
+    clock = ManualClock()
+    metrics = Metrics(store, clock)
+    metrics.tenants("acme")  # loads the known tenants now; the next refresh is 5 s away
+    store.create_tenant(Tenant(name="fresh"), "key-fresh")
+    metrics.listener(
+        MeterRecord(
+            tenant="fresh",
+            task="digits",
+            variant="digits-lr/onnx-cpu-fp32-t1",
+            outcome="ok",
+            latency_ms=1.0,
+            cost_pusd=42,
+            rows=1,
+            batch_rows=1,
+            slo_met=True,
+            at_s=0.0,
+        )
+    )
+    cost = {labels: v for (name, labels), v in samples(metrics).items() if name == "infaas_cost_usd_total"}
+    assert cost == {(("tenant", "fresh"),): pusd_to_usd(42)}
+
+
+def test_label_names_can_come_from_a_catalog_instead_of_the_store() -> None:
+    metrics = Metrics(MemoryStore(), ManualClock(), catalog=lambda: (["digits"], ["digits-lr/x"]))
+    metrics.observe_query(tenant="admin", task="digits", variant="digits-lr/x", outcome="ok", latency_ms=1.0)
+    [labels] = [labels for (name, labels), _ in samples(metrics).items() if name == "infaas_requests_total"]
+    assert dict(labels) == {"tenant": "admin", "task": "digits", "variant": "digits-lr/x", "outcome": "ok"}
