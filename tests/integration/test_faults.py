@@ -233,3 +233,16 @@ def test_a_corrupt_artifact_is_quarantined_and_queries_go_elsewhere(
     quarantined = [e for e in events if e["kind"] == "quarantine" and e["variant"] == name]
     assert quarantined and "failures in a row" in quarantined[0]["reason"], events
     assert pinned.status_code == 503 and "quarantined" in pinned.json()["detail"]
+
+
+def test_a_dead_local_ray_stops_the_front_end_with_a_message(small_zoo: Settings, tmp_path: Path) -> None:
+    import psutil
+
+    with serve_process(small_zoo, tmp_path) as served:
+        children = psutil.Process(served.pid).children(recursive=True)
+        [raylet] = [p for p in children if p.name() == "raylet"]
+        raylet.kill()
+        code = served.proc.wait(timeout=30)
+        log = served.log()
+    assert code == 3, log[-3000:]
+    assert "the local Ray's processes died: raylet" in log and "Start `infaas serve` again" in log
