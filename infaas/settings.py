@@ -8,6 +8,7 @@ environment permutations).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,10 +39,11 @@ class Settings(BaseSettings):
     store_timeout_s: float = Field(
         default=2.0, gt=0, description="Bound on each store call (Redis socket, SQLite lock wait)."
     )
-    usage_journal: bool = Field(
-        default=True,
-        description="Write every charge to a local journal (fsync'd before the answer is sent), "
-        "replayed into the store at start: no answered query goes unbilled, even on a crash.",
+    usage_journal: Literal["fsync", "os", "off"] = Field(
+        default="fsync",
+        description="Write every charge to a local journal before its answer is sent, replayed into "
+        "the store at start. fsync: on disk (survives a power cut; ~0.5 ms more latency here); "
+        "os: handed to the OS (survives a crash of the process, not of the machine); off.",
     )
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On SIGTERM/SIGINT, how long in-flight requests may take to finish."

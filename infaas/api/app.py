@@ -76,7 +76,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Charges go to the local journal before answers go out; the first flush replays what an
         # earlier process journaled but never flushed (a crash), or leaves it for later (store down).
-        journal = UsageJournal(settings.journal_path) if settings.usage_journal else None
+        journal = (
+            UsageJournal(settings.journal_path, fsync=settings.usage_journal == "fsync")
+            if settings.usage_journal != "off"
+            else None
+        )
         meter.use_journal(journal)
         try:
             await asyncio.to_thread(meter.flush)
