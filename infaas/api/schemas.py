@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 __all__ = [
     "QueryRequest",
     "QueryResponse",
+    "Readiness",
     "TenantCreate",
     "TenantCreated",
     "TenantOut",
@@ -23,7 +24,16 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Readiness(_Wire):
+    """``GET /readyz``, with 200 or 503: each check is `true`, or why it fails (`false` or a reason)."""
+
+    ready: bool
+    checks: dict[str, bool | str]
+
+
 class TenantCreate(_Wire):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "acme"}]})
+
     name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits, '.', '_', '-'")
 
 
@@ -42,13 +52,40 @@ class TenantOut(_Wire):
 # ---- the query path --------------------------------------------------------------------------
 
 
+# The first image of scikit-learn's digits set (a 0), scaled to [0, 1] as the built-in zoo's
+# `digits-classification` task takes it: the document's example is a query that gets an answer.
+_DIGIT_ZERO: list[JsonValue] = [
+    0.0, 0.0, 0.3125, 0.8125, 0.5625, 0.0625, 0.0, 0.0, 0.0, 0.0, 0.8125, 0.9375, 0.625, 0.9375, 0.3125, 0.0,
+    0.0, 0.1875, 0.9375, 0.125, 0.0, 0.6875, 0.5, 0.0, 0.0, 0.25, 0.75, 0.0, 0.0, 0.5, 0.5, 0.0,
+    0.0, 0.3125, 0.5, 0.0, 0.0, 0.5625, 0.5, 0.0, 0.0, 0.25, 0.6875, 0.0, 0.0625, 0.75, 0.4375, 0.0,
+    0.0, 0.125, 0.875, 0.3125, 0.625, 0.75, 0.0, 0.0, 0.0, 0.0, 0.375, 0.8125, 0.625, 0.0, 0.0, 0.0,
+]  # fmt: skip
+
+
 class QueryRequest(_Wire):
     """``POST /v1/query``: a task and targets (model-less), or a pinned architecture or variant."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "task": "digits-classification",
+                    "inputs": [_DIGIT_ZERO],
+                    "latency_ms": 50,
+                    "min_accuracy": 0.9,
+                }
+            ]
+        }
+    )
+
     task: str = Field(min_length=1, max_length=200)
     # Checked against the task's input spec by the route (shape, dtype, finite), not here: a
-    # nested float list validated element by element would cost more than the inference.
-    inputs: list[Any] = Field(description="rows of the task's input shape (or flattened rows)")
+    # nested float list validated element by element would cost more than the inference. The
+    # document still says what the route accepts: at least one row, each row an array.
+    inputs: list[Any] = Field(
+        description="rows of the task's input shape (or flattened rows)",
+        json_schema_extra={"minItems": 1, "items": {"type": "array"}},
+    )
     latency_ms: float = Field(gt=0, le=3_600_000, description="end-to-end bound at the server")
     min_accuracy: float = Field(default=0.0, ge=0.0, le=1.0)
     max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)

@@ -112,6 +112,49 @@ def test_sklearn_upload_is_admin_only(
     assert "lr/sklearn-cpu-fp32-t1" in {v["name"] for v in body["variants"]}  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("as_file", [False, True], ids=["form-field", "file-part"])
+def test_metadata_is_read_from_a_form_field_or_a_file_part(
+    live_server: LiveServer, digits: tuple[np.ndarray, np.ndarray], as_file: bool
+) -> None:
+    """`-F metadata='{...}'` and `-F metadata=@meta.json` register alike."""
+    x, y = digits
+    meta = json.dumps({"name": "lin", "task": "digits", "profile": False})
+    files: dict[str, tuple[str, bytes] | tuple[str, bytes, str]] = {
+        "model": ("lin.onnx", tiny_models.linear_onnx(x=x, y=y)),
+        "validation": ("val.npz", tiny_models.validation_bytes(x, y)),
+    }
+    data: dict[str, str] = {}
+    if as_file:
+        files["metadata"] = ("meta.json", meta.encode(), "application/json")
+    else:
+        data["metadata"] = meta
+    with live_server.client(live_server.new_tenant("acme")) as c:
+        r = c.post("/v1/models", files=files, data=data)
+    assert r.status_code == 201, r.text
+    assert r.json()["architecture"]["name"] == "lin" and r.json()["task"]["name"] == "digits"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"{not json", "not JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b'{"name": "lin", "task": "digits", "description": "%s"}' % (b"x" * 70_000), "over 65536 bytes"),
+        (b'{"name": "Not A Name", "task": "digits"}', "name"),
+    ],
+    ids=["not-json", "not-utf8", "too-long", "invalid-name"],
+)
+def test_bad_metadata_file_part_gets_a_400_that_says_why(
+    live_server: LiveServer, settings: Settings, content: bytes, says: str
+) -> None:
+    files = {"model": ("m.onnx", tiny_models.linear_onnx()), "metadata": ("meta.json", content)}
+    with live_server.client(live_server.admin_key) as c:
+        r = c.post("/v1/models", files=files)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "invalid_input" and says in r.json()["detail"]
+    _nothing_left(settings)
+
+
 def _zip(members: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:

@@ -12,9 +12,11 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from infaas.api.openapi import SERVING, error_responses, text_response
+
 __all__ = ["router"]
 
-router = APIRouter(tags=["dashboard"], include_in_schema=False)
+router = APIRouter(tags=["dashboard"])
 
 _FILES = {
     "dashboard.html": "text/html; charset=utf-8",
@@ -38,16 +40,21 @@ def _static(name: str) -> Response:
     return Response(body, media_type=_FILES[name], headers=_HEADERS)
 
 
-@router.get("/dashboard")
+@router.get(
+    "/dashboard",
+    response_class=Response,
+    responses={**text_response("text/html", "The admin page"), **error_responses(*SERVING)},
+)
 async def dashboard_page() -> Response:
     return _static("dashboard.html")
 
 
-@router.get("/dashboard/dashboard.js")
+# The page's script and style belong to the page, not to the API: left out of the document.
+@router.get("/dashboard/dashboard.js", include_in_schema=False)
 async def dashboard_script() -> Response:
     return _static("dashboard.js")
 
 
-@router.get("/dashboard/dashboard.css")
+@router.get("/dashboard/dashboard.css", include_in_schema=False)
 async def dashboard_style() -> Response:
     return _static("dashboard.css")

@@ -16,6 +16,8 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from infaas.api.auth import AdminPrincipal
+from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
+from infaas.errors import InvalidInput
 from infaas.routelog import RouteLog
 from infaas.types import FleetEvent, WorkerInfo
 from infaas.workers.base import Batcher, FleetSource
@@ -71,7 +73,7 @@ def fleet_sources(state: Any) -> tuple[FleetSource | None, Batcher | None]:
     return (Fleet(pools) if pools else None), batcher
 
 
-@router.get("/fleet")
+@router.get("/fleet", dependencies=KEY_REQUIRED, responses=error_responses(InvalidInput, *ADMIN_KEY))
 async def fleet(
     request: Request,
     _: AdminPrincipal,

@@ -7,6 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from infaas.api.schemas import Readiness
+
 router = APIRouter()
 
 
@@ -15,7 +17,13 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    responses={
+        200: {"model": Readiness, "description": "Every check holds"},
+        503: {"model": Readiness, "description": "Not ready: a check failed, with why"},
+    },
+)
 async def readyz(request: Request) -> JSONResponse:
     checks: dict[str, Any] = {}
     for name, check in getattr(request.app.state, "readiness_checks", {}).items():

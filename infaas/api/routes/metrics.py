@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from infaas.api.auth import AdminPrincipal
+from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses, text_response
 from infaas.metrics import CONTENT_TYPE_LATEST, Metrics
 
 __all__ = ["router"]
@@ -17,7 +18,15 @@ __all__ = ["router"]
 router = APIRouter(tags=["admin"])
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    dependencies=KEY_REQUIRED,
+    responses={
+        **text_response("text/plain", "Prometheus text exposition format"),
+        **error_responses(*ADMIN_KEY),
+    },
+)
 def metrics(request: Request, _: AdminPrincipal) -> Response:
     """Request count, latency, cost, batch size, queue depth and worker gauges."""
     registry: Metrics = request.app.state.metrics

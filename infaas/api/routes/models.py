@@ -14,7 +14,8 @@ import uuid
 from pathlib import Path, PurePath
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -31,7 +32,15 @@ from infaas.api.model_schemas import (
     task_out,
     variant_out,
 )
-from infaas.errors import ArchitectureNotFound, InvalidInput, PayloadTooLarge
+from infaas.api.openapi import KEY_REQUIRED, TENANT_KEY, error_responses
+from infaas.errors import (
+    ArchitectureNotFound,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    PayloadTooLarge,
+    RegistrationError,
+)
 from infaas.registry import RegistrationResult, Registry
 from infaas.settings import Settings
 from infaas.store import MetadataStore
@@ -40,11 +49,28 @@ router = APIRouter(tags=["models"])
 
 _MB = 1024 * 1024
 _CHUNK = 1 << 20
+_METADATA_MAX_BYTES = 64 * 1024  # a few short fields; anything longer is not metadata
 
 
 def _store(request: Request) -> MetadataStore:
     store: MetadataStore = request.app.state.store
     return store
+
+
+async def _metadata_text(part: str | UploadFile) -> str:
+    """The `metadata` part's text, whether sent as a form field (``-F metadata='{...}'``) or as a
+    file (``-F metadata=@meta.json``)."""
+    if isinstance(part, str):
+        return part
+    raw = await part.read(_METADATA_MAX_BYTES + 1)
+    if len(raw) > _METADATA_MAX_BYTES:
+        raise InvalidInput(
+            f"the 'metadata' part is over {_METADATA_MAX_BYTES} bytes: send the JSON object only"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"the 'metadata' part is not UTF-8 text: {exc}") from None
 
 
 def _parse_metadata(raw: str) -> ModelMetadata:
@@ -85,18 +111,35 @@ def _registered(result: RegistrationResult, store: MetadataStore) -> ModelRegist
     )
 
 
-@router.post("/v1/models", status_code=201, response_model=ModelRegistered)
+@router.post(
+    "/v1/models",
+    status_code=201,
+    response_model=ModelRegistered,
+    dependencies=KEY_REQUIRED,
+    responses={
+        200: {"model": ModelRegistered, "description": "These bytes were already registered under this name"},
+        **error_responses(InvalidInput, PayloadTooLarge, Forbidden, Conflict, RegistrationError, *TENANT_KEY),
+    },
+)
 async def register_model(
     request: Request,
     principal: TenantPrincipal,
     model: Annotated[UploadFile, File(description="model file or archive (.keras, .onnx, .zip, .joblib)")],
-    metadata: Annotated[str, Form(description='JSON {"name": ..., "task": ..., "description": ...}')],
+    metadata: Annotated[
+        str | UploadFile,
+        Form(
+            description='JSON {"name": ..., "task": ..., "description": ...}, as a field or a file',
+            examples=[
+                '{"name": "digits-net", "task": "digits-classification", "description": "a small CNN"}'
+            ],
+        ),
+    ],
     validation: Annotated[
         UploadFile | None, File(description=".npz with x, y; needed for a new task")
     ] = None,
 ) -> JSONResponse:
     """Register an architecture; 201 when created, 200 when these bytes were already registered."""
-    meta = _parse_metadata(metadata)
+    meta = _parse_metadata(await _metadata_text(metadata))
     settings: Settings = request.app.state.settings
     registry: Registry = request.app.state.registry
     limit = int(settings.max_upload_mb * _MB)
@@ -127,8 +170,14 @@ async def register_model(
     return JSONResponse(body.model_dump(mode="json"), status_code=201 if result.created else 200)
 
 
-@router.get("/v1/models")
-async def list_models(request: Request, _: TenantPrincipal, task: str | None = None) -> list[ArchitectureOut]:
+@router.get("/v1/models", dependencies=KEY_REQUIRED, responses=error_responses(*TENANT_KEY))
+async def list_models(
+    request: Request,
+    _: TenantPrincipal,
+    task: Annotated[
+        str | None, Query(description="only this task's", examples=["digits-classification"])
+    ] = None,
+) -> list[ArchitectureOut]:
     store = _store(request)
     return [
         architecture_out(a, len(store.list_variants(a.name)), len(store.list_skipped(a.name)))
@@ -136,8 +185,14 @@ async def list_models(request: Request, _: TenantPrincipal, task: str | None = N
     ]
 
 
-@router.get("/v1/models/{architecture}/variants")
-async def list_variants(architecture: str, request: Request, _: TenantPrincipal) -> VariantsOut:
+@router.get(
+    "/v1/models/{architecture}/variants",
+    dependencies=KEY_REQUIRED,
+    responses=error_responses(ArchitectureNotFound, *TENANT_KEY),
+)
+async def list_variants(
+    architecture: Annotated[str, PathParam(examples=["digits-logreg"])], request: Request, _: TenantPrincipal
+) -> VariantsOut:
     store = _store(request)
     arch = store.get_architecture(architecture)
     if arch is None:
@@ -153,7 +208,7 @@ async def list_variants(architecture: str, request: Request, _: TenantPrincipal)
     )
 
 
-@router.get("/v1/tasks")
+@router.get("/v1/tasks", dependencies=KEY_REQUIRED, responses=error_responses(*TENANT_KEY))
 async def list_tasks(request: Request, _: TenantPrincipal) -> list[TaskOut]:
     store = _store(request)
     archs = store.list_architectures()

@@ -108,7 +108,13 @@ _OPENAPI_BODY = {
 }
 
 
-@router.post("/v1/query", response_model=QueryResponse, openapi_extra=_OPENAPI_BODY)
+@router.post(
+    "/v1/query",
+    response_model=QueryResponse,
+    openapi_extra=_OPENAPI_BODY,
+    # Its key scheme and error statuses (`infaas.api.openapi.QUERY_ROUTE`), named in the decorator only.
+    **__import__("infaas.api.openapi", fromlist=["QUERY_ROUTE"]).QUERY_ROUTE,
+)
 async def query(request: Request) -> Response:
     """Answer a query on the cheapest variant that meets its targets."""
     # Read from the scope, not `request.state`: that builds a `State` wrapper per request.

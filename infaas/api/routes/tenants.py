@@ -7,7 +7,9 @@ import time
 from fastapi import APIRouter, Request, Response
 
 from infaas.api.auth import AdminPrincipal, KeyCache, new_api_key
+from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
 from infaas.api.schemas import TenantCreate, TenantCreated, TenantOut
+from infaas.errors import Conflict, InvalidInput, PayloadTooLarge, TenantNotFound
 from infaas.store import MetadataStore
 from infaas.types import Tenant
 
@@ -19,19 +21,30 @@ def _store(request: Request) -> MetadataStore:
     return store
 
 
-@router.post("", status_code=201)
+@router.post(
+    "",
+    status_code=201,
+    dependencies=KEY_REQUIRED,
+    responses=error_responses(InvalidInput, PayloadTooLarge, Conflict, *ADMIN_KEY),
+)
 async def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> TenantCreated:
     key = new_api_key()
     _store(request).create_tenant(Tenant(name=body.name, created_at_s=time.time()), key)
     return TenantCreated(name=body.name, api_key=key)
 
 
-@router.get("")
+@router.get("", dependencies=KEY_REQUIRED, responses=error_responses(*ADMIN_KEY))
 async def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
     return [TenantOut(**t.model_dump()) for t in _store(request).list_tenants()]
 
 
-@router.delete("/{name}", status_code=204)
+@router.delete(
+    "/{name}",
+    status_code=204,
+    dependencies=KEY_REQUIRED,
+    # A DELETE may carry a body: the body limit applies to it as to any other write.
+    responses=error_responses(TenantNotFound, PayloadTooLarge, *ADMIN_KEY),
+)
 async def revoke_tenant(name: str, request: Request, _: AdminPrincipal) -> Response:
     _store(request).revoke_tenant(name)
     cache: KeyCache = request.app.state.key_cache

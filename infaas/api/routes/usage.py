@@ -12,7 +12,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from infaas.api.auth import AdminPrincipal, TenantPrincipal
-from infaas.errors import Forbidden
+from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, TENANT_KEY, error_responses
+from infaas.errors import Forbidden, InvalidInput
 from infaas.store import MetadataStore
 from infaas.usage import UsageReport, build_report, resolve_window
 
@@ -59,7 +60,12 @@ def _store(request: Request) -> MetadataStore:
 
 # Plain `def` routes: the store is synchronous, so FastAPI runs them in its thread pool instead of
 # blocking the event loop that also serves queries.
-@router.get("/v1/admin/usage", tags=["admin"])
+@router.get(
+    "/v1/admin/usage",
+    tags=["admin"],
+    dependencies=KEY_REQUIRED,
+    responses=error_responses(InvalidInput, *ADMIN_KEY),
+)
 def admin_usage(
     request: Request,
     _: AdminPrincipal,
@@ -72,7 +78,11 @@ def admin_usage(
     return usage_report(_store(request), time.time(), from_, to, step, tenant)
 
 
-@router.get("/v1/usage")
+@router.get(
+    "/v1/usage",
+    dependencies=KEY_REQUIRED,
+    responses=error_responses(InvalidInput, Forbidden, *TENANT_KEY),  # 403: the admin key has no own usage
+)
 def own_usage(
     request: Request,
     principal: TenantPrincipal,
