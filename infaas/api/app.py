@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from infaas.api.auth import KeyCache, ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
+from infaas.api.openapi import install_openapi
 from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
 from infaas.api.routes import models as model_routes
 from infaas.autoscaler import ArrivalWindow, Autoscaler
@@ -196,6 +197,7 @@ def create_app(
     app.state.route_log = RouteLog()  # routing changes for the fleet view
     meter.add_listener(app.state.route_log.listener)
     install_error_handlers(app)
+    install_openapi(app)  # validation failures answer 400 + ErrorBody, not FastAPI's documented 422
     app.add_middleware(
         BodyLimit,
         max_request_bytes=int(settings.max_request_mb * _MB),

@@ -72,8 +72,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        # FastAPI answers any error raised while it reads a form or JSON body with "400: There was
+        # an error parsing the body"; one of ours (the body limit's 413) keeps its status and words.
+        if isinstance(exc.__cause__, e.InfaasError):
+            return _error_response(exc.__cause__)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse({"error": code, "detail": str(exc.detail)}, status_code=exc.status_code)
+        # Starlette's 405 names the allowed methods in `Allow` (RFC 9110): keep its headers.
+        return JSONResponse(
+            {"error": code, "detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Never leak a traceback; the server log has it.

@@ -170,18 +170,8 @@ QUERY_CASES: dict[str, tuple[bytes, int, str, str]] = {
 }
 
 
-_NUMERIC_STRINGS_ACCEPTED = pytest.mark.xfail(
-    reason='`parse_inputs` converts "1" to 1.0 (np.asarray with dtype=float64) and answers 200; '
-    "fix: infer the dtype first and refuse a non-numeric one",
-    strict=True,
-)
-
-
 @pytest.mark.usefixtures("unchanged")
-@pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, marks=_NUMERIC_STRINGS_ACCEPTED) if c == "numeric-strings" else c for c in QUERY_CASES],
-)
+@pytest.mark.parametrize("case", list(QUERY_CASES))
 def test_bad_query_gets_a_4xx_that_says_why(service: Service, bad: Sender, case: str) -> None:
     body, status, error, says = QUERY_CASES[case]
     with service.server.client(bad.key) as c:
@@ -299,12 +289,6 @@ def test_query_streamed_past_the_limit_is_refused_before_its_end(service: Servic
     _assert_error(status, body, 413, "payload_too_large", str(MAX_REQUEST_BYTES))
 
 
-@pytest.mark.xfail(
-    reason="FastAPI turns the body limit's PayloadTooLarge, raised while it parses a form, into "
-    "'400: There was an error parsing the body' (fix: infaas.api.errors' HTTPException handler "
-    "answers with the InfaasError it was raised from)",
-    strict=True,
-)
 @pytest.mark.usefixtures("unchanged")
 def test_upload_streamed_past_the_limit_is_refused_before_its_end(service: Service, bad: Sender) -> None:
     head = _head(

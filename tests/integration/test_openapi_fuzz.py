@@ -49,12 +49,12 @@ CHECKS = (
     "ignored_auth",
     "use_after_free",
     "ensure_resource_availability",
+    "unsupported_method",
 )
 """What the document promises about answers, and the auth and resource checks. Left out:
 `positive_data_acceptance` and `negative_data_rejection` judge how much of the input validation the
 schema can express (a query's rows must fit its task's shape, `from` must parse as a time), not
-whether the answers are documented; `unsupported_method` waits on the 405 keeping its `Allow`
-header (`infaas.api.errors` builds its own response and drops it)."""
+whether the answers are documented."""
 
 MAX_EXAMPLES = 40
 """Random cases per operation and key; the coverage phase adds its own (boundaries, wrong types)."""

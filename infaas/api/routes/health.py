@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,10 +26,15 @@ async def healthz() -> dict[str, str]:
     },
 )
 async def readyz(request: Request) -> JSONResponse:
+    """Ready when every check holds: the store answers, the workers' Ray is up, warm-up is done,
+    and the server is not draining. A failing check reports why instead of `true`."""
     checks: dict[str, Any] = {}
     for name, check in getattr(request.app.state, "readiness_checks", {}).items():
         try:
-            checks[name] = bool(check())
+            # Off the event loop: the store check is I/O, and a store that hangs must not stall
+            # the queries being answered meanwhile.
+            result = await asyncio.to_thread(check)
+            checks[name] = result if isinstance(result, str) else bool(result)
         except Exception as exc:  # a failing probe means "not ready", never a 500
             checks[name] = f"{type(exc).__name__}: {exc}"
     ready = all(v is True for v in checks.values())

@@ -3,7 +3,8 @@
 
 The route only parses the multipart body, spools the parts to a private directory and calls the
 registration use case (`infaas.registry.Registry`) in a worker thread, so the event loop keeps
-serving queries while a model converts.
+serving queries while a model converts. The listings are plain `def` routes for the same reason:
+FastAPI runs them in its thread pool, and a slow or unreachable store then never stalls queries.
 """
 
 from __future__ import annotations
@@ -166,12 +167,12 @@ async def register_model(
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    body = _registered(result, _store(request))
+    body = await run_in_threadpool(_registered, result, _store(request))
     return JSONResponse(body.model_dump(mode="json"), status_code=201 if result.created else 200)
 
 
 @router.get("/v1/models", dependencies=KEY_REQUIRED, responses=error_responses(*TENANT_KEY))
-async def list_models(
+def list_models(
     request: Request,
     _: TenantPrincipal,
     task: Annotated[
@@ -190,7 +191,7 @@ async def list_models(
     dependencies=KEY_REQUIRED,
     responses=error_responses(ArchitectureNotFound, *TENANT_KEY),
 )
-async def list_variants(
+def list_variants(
     architecture: Annotated[str, PathParam(examples=["digits-logreg"])], request: Request, _: TenantPrincipal
 ) -> VariantsOut:
     store = _store(request)
@@ -209,7 +210,7 @@ async def list_variants(
 
 
 @router.get("/v1/tasks", dependencies=KEY_REQUIRED, responses=error_responses(*TENANT_KEY))
-async def list_tasks(request: Request, _: TenantPrincipal) -> list[TaskOut]:
+def list_tasks(request: Request, _: TenantPrincipal) -> list[TaskOut]:
     store = _store(request)
     archs = store.list_architectures()
     return [task_out(t, [a.name for a in archs if a.task == t.name]) for t in store.list_tasks()]

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infaas.api.auth import authenticate
 from infaas.api.errors import _validation_detail
+from infaas.api.openapi import QUERY_ROUTE
 from infaas.api.schemas import QueryRequest, QueryResponse
 from infaas.errors import InfaasError, InvalidInput
 from infaas.metering import Meter, cost_share_pusd
@@ -55,7 +56,13 @@ def parse_inputs(inputs: list[Any], task: Task) -> np.ndarray:
     if not inputs:
         raise InvalidInput("inputs is empty: send at least one row", expected_shape=list(spec.shape))
     try:
-        arr = np.asarray(inputs, dtype=np.float64)
+        arr = np.asarray(inputs)
+        # Strings and booleans are not numbers, though a float64 array would take "1" as 1.0.
+        if arr.dtype.kind in "USb":
+            raise TypeError(f"found {'booleans' if arr.dtype.kind == 'b' else 'strings'}, send JSON numbers")
+        # Object arrays: integers past int64 or nulls among the numbers; float64 takes the first
+        # and turns the second into NaN, refused below.
+        arr = np.asarray(arr, dtype=np.float64)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(
             f"inputs must be rows of numbers of shape {list(spec.shape)} (ragged or non-numeric: {exc})",
@@ -112,8 +119,7 @@ _OPENAPI_BODY = {
     "/v1/query",
     response_model=QueryResponse,
     openapi_extra=_OPENAPI_BODY,
-    # Its key scheme and error statuses (`infaas.api.openapi.QUERY_ROUTE`), named in the decorator only.
-    **__import__("infaas.api.openapi", fromlist=["QUERY_ROUTE"]).QUERY_ROUTE,
+    **QUERY_ROUTE,  # its key scheme and error statuses
 )
 async def query(request: Request) -> Response:
     """Answer a query on the cheapest variant that meets its targets."""
@@ -130,7 +136,7 @@ async def query(request: Request) -> Response:
     try:
         req = _parse_request(await request.body())
         task_name = req.task
-        task = the_router.task(req.task, received_s)
+        task = await the_router.task_async(req.task, received_s)
         inputs = parse_inputs(req.inputs, task)
         rows = int(inputs.shape[0])
         # Not validated again: `QueryRequest` holds these fields to the same bounds or tighter.
@@ -139,8 +145,9 @@ async def query(request: Request) -> Response:
             min_accuracy=req.min_accuracy,
             max_cost_usd_per_1k=req.max_cost_usd_per_1k,
         )
-        routed = the_router.route(
-            req.task, rows, slo, time.monotonic(), architecture=req.architecture, variant=req.variant
+        routed_s = time.monotonic()
+        routed = await the_router.route_async(
+            req.task, rows, slo, routed_s, architecture=req.architecture, variant=req.variant
         )
         variant_name = routed.variant.name
         result = await batcher.submit(
@@ -167,7 +174,11 @@ async def query(request: Request) -> Response:
         and decision.accuracy >= slo.min_accuracy
         and (slo.max_cost_usd_per_1k is None or cost_per_1k <= slo.max_cost_usd_per_1k)
     )
-    the_router.observe(routed, latency_ms, time.monotonic())
+    # The router learns the path's overhead from the moment it decided: a wait before that (a
+    # store timeout while authenticating, a slow body) is not something selection can predict,
+    # and counting it would price every variant out of reach for the window's life.
+    now_s = time.monotonic()
+    the_router.observe(routed, (now_s - routed_s) * 1000.0, now_s)
     meter.record_answer(
         tenant=principal.name,
         task=task.name,
@@ -179,6 +190,9 @@ async def query(request: Request) -> Response:
         slo_met=slo_met,
         now_s=time.time(),
     )
+    # The charge is on disk (the usage journal) before the answer leaves: a crash after this
+    # point cannot lose it.
+    await meter.durable()
     body = {
         "outputs": outputs,
         "variant": variant_name,

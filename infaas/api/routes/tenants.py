@@ -1,4 +1,7 @@
-"""Tenants and their API keys (admin only). A key is returned once; the store keeps its hash."""
+"""Tenants and their API keys (admin only). A key is returned once; the store keeps its hash.
+
+The routes are plain `def`: FastAPI runs them in its thread pool, so a store that is slow or down
+(each call bounded by `INFAAS_STORE_TIMEOUT_S`) never stalls the event loop that answers queries."""
 
 from __future__ import annotations
 
@@ -27,14 +30,14 @@ def _store(request: Request) -> MetadataStore:
     dependencies=KEY_REQUIRED,
     responses=error_responses(InvalidInput, PayloadTooLarge, Conflict, *ADMIN_KEY),
 )
-async def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> TenantCreated:
+def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> TenantCreated:
     key = new_api_key()
     _store(request).create_tenant(Tenant(name=body.name, created_at_s=time.time()), key)
     return TenantCreated(name=body.name, api_key=key)
 
 
 @router.get("", dependencies=KEY_REQUIRED, responses=error_responses(*ADMIN_KEY))
-async def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
+def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
     return [TenantOut(**t.model_dump()) for t in _store(request).list_tenants()]
 
 
@@ -45,7 +48,7 @@ async def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
     # A DELETE may carry a body: the body limit applies to it as to any other write.
     responses=error_responses(TenantNotFound, PayloadTooLarge, *ADMIN_KEY),
 )
-async def revoke_tenant(name: str, request: Request, _: AdminPrincipal) -> Response:
+def revoke_tenant(name: str, request: Request, _: AdminPrincipal) -> Response:
     _store(request).revoke_tenant(name)
     cache: KeyCache = request.app.state.key_cache
     cache.drop_tenant(name)  # its keys stop working here at once, not after the cache's TTL
