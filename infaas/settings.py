@@ -71,7 +71,7 @@ class Settings(BaseSettings):
 
     @property
     def journal_path(self) -> Path:
-        return self.data_dir / "usage-journal.db"
+        return self.data_dir / "usage-journal"
 
     @property
     def admin_key_path(self) -> Path:

@@ -50,7 +50,7 @@ def answered(meter: Meter, costs: list[int]) -> None:
 
 def test_a_crash_before_the_flush_loses_nothing(tmp_path: Path) -> None:
     store = MemoryStore()
-    path = tmp_path / "journal.db"
+    path = tmp_path / "journal"
     journal = UsageJournal(path)
     meter = Meter(store, journal)
     answered(meter, [3, 5])
@@ -73,7 +73,7 @@ def test_a_crash_before_the_flush_loses_nothing(tmp_path: Path) -> None:
 
 def test_a_flush_whose_reply_was_lost_is_not_counted_twice(tmp_path: Path) -> None:
     store = MemoryStore()
-    journal = UsageJournal(tmp_path / "journal.db")
+    journal = UsageJournal(tmp_path / "journal")
     sink = FlakySink(store, failures=0, apply_then_fail=True)
     meter = Meter(sink, journal)
     meter.flush()  # the replay check, while the store answers
@@ -90,7 +90,7 @@ def test_a_flush_whose_reply_was_lost_is_not_counted_twice(tmp_path: Path) -> No
 def test_a_replay_the_store_already_counted_is_skipped(tmp_path: Path) -> None:
     """The process died after the store counted a flush but before it trimmed the journal."""
     store = MemoryStore()
-    path = tmp_path / "journal.db"
+    path = tmp_path / "journal"
     journal = UsageJournal(path)
     answered(Meter(store, journal), [3, 5])
     store.add_usage(Meter(MemoryStore()).pending(), mark=(journal.source, 2))  # counted elsewhere: 0 rows
@@ -103,16 +103,16 @@ def test_a_replay_the_store_already_counted_is_skipped(tmp_path: Path) -> None:
 
 
 def test_one_process_per_journal(tmp_path: Path) -> None:
-    journal = UsageJournal(tmp_path / "journal.db")
+    journal = UsageJournal(tmp_path / "journal")
     with pytest.raises(StoreError, match="held by another infaas process"):
-        UsageJournal(tmp_path / "journal.db")
+        UsageJournal(tmp_path / "journal")
     journal.close()
-    UsageJournal(tmp_path / "journal.db").close()
+    UsageJournal(tmp_path / "journal").close()
 
 
 def test_a_store_outage_buffers_in_the_journal_and_lands_once(tmp_path: Path) -> None:
     store = MemoryStore()
-    journal = UsageJournal(tmp_path / "journal.db")
+    journal = UsageJournal(tmp_path / "journal")
     meter = Meter(FlakySink(store, failures=3), journal)
     answered(meter, [1, 2])
     for _ in range(3):  # the replay check, then two flushes, all while the store is down
@@ -124,3 +124,51 @@ def test_a_store_outage_buffers_in_the_journal_and_lands_once(tmp_path: Path) ->
     assert totals(store) == (3, 7)
     assert len(journal) == 0
     journal.close()
+
+
+def test_a_torn_record_at_the_end_of_a_segment_is_ignored(tmp_path: Path) -> None:
+    """The process died in the middle of a write: that answer was never sent, so that charge and
+    nothing after it in the segment is replayed."""
+    store = MemoryStore()
+    path = tmp_path / "journal"
+    journal = UsageJournal(path)
+    answered(Meter(store, journal), [3, 5])
+    journal.close()
+    [segment] = sorted(path.glob("seg-*.log"))
+    data = segment.read_bytes()
+    segment.write_bytes(data + data[: len(data) // 2 - 3])  # a torn copy of the records after them
+    again = UsageJournal(path)
+    assert again.first_seq == 3
+    Meter(store, again).flush()
+    assert totals(store) == (2, 8)
+    again.close()
+
+
+def test_counted_segments_are_deleted_and_numbering_survives_it(tmp_path: Path) -> None:
+    store = MemoryStore()
+    path = tmp_path / "journal"
+    for costs in ([1], [2, 3], [4]):  # three processes, one after the other
+        journal = UsageJournal(path)
+        meter = Meter(store, journal)
+        meter.flush()
+        answered(meter, costs)
+        meter.flush()
+        journal.close()
+    assert totals(store) == (4, 10)
+    segments = sorted(path.glob("seg-*.log"))
+    assert len(segments) == 1  # the last process's; the earlier ones were counted and deleted
+    last = UsageJournal(path)
+    assert last.first_seq == 5 and len(last) == 1  # its record stays until the next trim
+    last.close()
+
+
+def test_os_mode_is_durable_once_written(tmp_path: Path) -> None:
+    store = MemoryStore()
+    journal = UsageJournal(tmp_path / "journal", fsync=False)
+    meter = Meter(store, journal)
+    answered(meter, [3, 4])
+    journal.close()
+    again = UsageJournal(tmp_path / "journal", fsync=False)
+    Meter(store, again).flush()
+    assert totals(store) == (2, 7)
+    again.close()
