@@ -32,7 +32,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infaas.errors import Unavailable
 from infaas.settings import Settings
@@ -64,9 +64,21 @@ class DrainGate:
             return
         self.in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send if not self.draining else self._closing(send))
         finally:
             self.in_flight -= 1
+
+    @staticmethod
+    def _closing(send: Send) -> Send:
+        """`send` that asks the client to close the connection after this response: a keep-alive
+        connection reused after the server stops would meet a closed socket."""
+
+        async def closing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        return closing_send
 
     async def _refuse(self, send: Send) -> None:
         exc = Unavailable("the server is shutting down; retry (another instance will answer)")
@@ -80,14 +92,20 @@ class DrainGate:
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def drain(self, timeout_s: float) -> int:
+    async def drain(self, timeout_s: float, grace_s: float = 1.0) -> int:
         """Refuse new requests and wait until none is in flight or `timeout_s` passed; returns the
-        number still in flight (0 on a clean drain)."""
+        number still in flight (0 on a clean drain). Then keep refusing for `grace_s` more (within
+        the deadline): each refusal closes its connection, so clients drop the keep-alive
+        connections they would otherwise send their next request on just as the server closes
+        them (a request cut in transit)."""
         self.draining = True
         deadline = time.monotonic() + timeout_s
         while self.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        return self.in_flight
+        left = self.in_flight
+        if left == 0:
+            await asyncio.sleep(max(0.0, min(grace_s, deadline - time.monotonic())))
+        return left
 
 
 class Server(uvicorn.Server):
