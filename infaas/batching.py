@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from infaas.errors import InvalidInput, Unavailable
+from infaas.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from infaas.policy.batching import BatchParams, decide, predicted_queue_delay_ms
 from infaas.types import Profile, Variant
 from infaas.workers.base import BatchResult, WorkerPool
@@ -156,6 +156,7 @@ class AsyncBatcher:
         *,
         timer: Timer | None = None,
         max_in_flight: int = 2,
+        max_queue_rows: int = 4096,
         initial_overhead_ms: float = 1.0,
         batching: bool = True,
         local: WorkerPool | None = None,
@@ -167,7 +168,8 @@ class AsyncBatcher:
         self._inline_max_ms = inline_max_ms
         self._inline_max_memory_mb = inline_max_memory_mb
         self._timer: Timer = timer or LoopTimer()
-        self._max_in_flight = max_in_flight
+        self._max_in_flight = max_in_flight  # per replica
+        self._max_queue_rows = max_queue_rows
         self._initial_overhead_ms = initial_overhead_ms
         self._batching = batching
         self._queues: dict[str, _VariantQueue] = {}
@@ -208,6 +210,16 @@ class AsyncBatcher:
         if rows.ndim < 1 or rows.shape[0] < 1:
             raise InvalidInput("a query needs at least one input row")
         queue = self._queues.get(variant.name)
+        if queue is not None and queue.queued_rows + rows.shape[0] > self._max_queue_rows:
+            # Bounded queues: under any overload the front end's memory stays bounded, and a
+            # client learns at once to come back rather than waiting behind thousands of rows.
+            wait_ms = self.queue_delay_ms(variant.name)
+            raise Overloaded(
+                f"{variant.name}: {queue.queued_rows} rows already wait (the bound is "
+                f"{self._max_queue_rows}, INFAAS_MAX_QUEUE_ROWS); retry",
+                variant=variant.name,
+                retry_after_s=round(wait_ms / 1000.0, 3),
+            )
         if queue is None:
             params = self._overrides.get(variant.name) or self.default_params(variant)
             queue = _VariantQueue(variant, profile, params, self._initial_overhead_ms)
@@ -223,7 +235,22 @@ class AsyncBatcher:
             asyncio.get_running_loop().call_soon(self._scheduled_pump, queue)
         return await future
 
+    def _in_flight_cap(self, queue: _VariantQueue) -> BatchParams:
+        """Batches in flight per variant = its replicas × `max_in_flight` per replica (unless set
+        for the variant by `set_params`, or batching is off)."""
+        name = queue.variant.name
+        if name in self._overrides or not self._batching:
+            return queue.params
+        replicas = self._pool.replicas(name)
+        if self._local is not None:
+            replicas = max(replicas, self._local.replicas(name))
+        cap = max(1, replicas) * self._max_in_flight
+        if cap != queue.params.max_in_flight:
+            queue.params = BatchParams(max_batch=queue.params.max_batch, max_in_flight=cap)
+        return queue.params
+
     def _pump(self, queue: _VariantQueue) -> None:
+        self._in_flight_cap(queue)
         while True:
             while queue.pending and queue.pending[0].future.done():
                 queue.pop()  # cancelled by its caller (client gone)
@@ -233,7 +260,7 @@ class AsyncBatcher:
                 self._arm(queue, decision.wait_until_s)
                 return
             batch = [queue.pop() for _ in range(decision.send_requests)]
-            batch = [p for p in batch if not p.future.done()]
+            batch = [p for p in batch if not p.future.done() and not self._expired(p, now_s)]
             if not batch:
                 continue
             batch_id = next(self._batch_ids)
@@ -241,6 +268,22 @@ class AsyncBatcher:
             task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    def _expired(item: _Pending, now_s: float) -> bool:
+        """Drop a request whose deadline passed while it waited: it is answered 504 and, never
+        having run, is not charged."""
+        if now_s < item.deadline_s:
+            return False
+        waited_ms = (now_s - item.enqueued_s) * 1000.0
+        item.future.set_exception(
+            DeadlineExceeded(
+                f"the deadline passed after {waited_ms:.1f} ms in the queue, before the request ran; "
+                "it was not charged",
+                waited_ms=round(waited_ms, 3),
+            )
+        )
+        return True
 
     def _scheduled_pump(self, queue: _VariantQueue) -> None:
         queue.pump_scheduled = False

@@ -20,7 +20,11 @@ one table, `infaas.api.errors.HTTP_STATUS`, not here: domain code does not know 
     │   ├── UnsupportedFormat
     │   ├── UnsafeArchive         '..', absolute paths or links inside an archive
     │   └── SpecMismatch          input spec differs from the task's / output not probabilities
-    ├── NoFeasibleVariant         nothing meets the SLO; carries the nearest alternatives
+    ├── NoFeasibleVariant         nothing meets the SLO even on an idle fleet; carries the
+    │                             nearest alternatives
+    ├── Overloaded                a variant meets the targets, but not within the deadline given
+    │                             the queues now; retry after `retry_after_s`
+    ├── DeadlineExceeded          the deadline passed while the request waited; it never ran
     └── Unavailable               a worker was lost, the server drains, or capacity is
         │                         exhausted; retry later
         └── StoreError            the metadata store failed or timed out (an outage: retry later)
@@ -34,11 +38,13 @@ __all__ = [
     "ArchitectureNotFound",
     "AuthError",
     "Conflict",
+    "DeadlineExceeded",
     "Forbidden",
     "InfaasError",
     "InvalidInput",
     "NoFeasibleVariant",
     "NotFound",
+    "Overloaded",
     "PayloadTooLarge",
     "RegistrationError",
     "SpecMismatch",
@@ -130,6 +136,14 @@ class SpecMismatch(RegistrationError):
 
 class NoFeasibleVariant(InfaasError):
     code = "no_feasible_variant"
+
+
+class Overloaded(InfaasError):
+    code = "overloaded"
+
+
+class DeadlineExceeded(InfaasError):
+    code = "deadline_exceeded"
 
 
 class Unavailable(InfaasError):

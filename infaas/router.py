@@ -34,6 +34,7 @@ from infaas.errors import (
     InvalidInput,
     NoFeasibleVariant,
     NotFound,
+    Overloaded,
     StoreError,
     TaskNotFound,
     Unavailable,
@@ -268,6 +269,7 @@ class Router:
         self._loaded: dict[int, _LoadedCache] = {}
         self._hinted: set[str] = set()
         self._warm_up: list[asyncio.Task[None]] = []
+        self._warm_up_done = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._refresher = Periodic("router-refresh", refresh_interval_s, self._refresh_round)
         self.on_refresh: list[Callable[[Snapshot], None]] = []
@@ -292,10 +294,16 @@ class Router:
                 len(fresh.excluded),
                 "; ".join(f"{name}: {why}" for name, why in sorted(fresh.excluded.items())),
             )
+        new_archs = set(fresh.architectures) - set(self._base.architectures)
         self._base = fresh
         self._quarantine_seen = (-1, float("inf"))
         self._snapshot = fresh
         self._loaded.clear()
+        if self._warm_up_done and new_archs:
+            # A model registered while serving is warmed like those present at start: the burst
+            # that often follows a registration then finds its cheapest variant loaded.
+            for name in self._cheapest(new_archs).values():
+                self._hint(name)
         for fn in self.on_refresh:
             fn(fresh)
 
@@ -484,10 +492,41 @@ class Router:
         live, queue_ms = self._live(table, now_s)
         result = table.select(rows, slo, live)
         if isinstance(result, Infeasible):
-            raise self._infeasible_error(result, task, slo, architecture)
+            # Admission: busy (429) or impossible (422)? Ask again as if every queue were empty.
+            idle = table.select(rows, slo, LiveState(loaded=live.loaded, overhead_ms=live.overhead_ms))
+            if isinstance(idle, Infeasible):
+                raise self._infeasible_error(idle, task, slo, architecture)
+            raise self._overloaded(task, slo, idle, queue_ms.get(idle.variant, 0.0))
         if result.load_hint is not None:
             self._hint(result.load_hint)
+        if result.variant not in live.loaded and result.predicted_latency_ms > slo.latency_ms:
+            # Only a cold variant meets the targets, and its load would outlast the deadline:
+            # load it, and ask the client to come back rather than answer late.
+            raise self._cold(task, slo, result)
         return self._routed(result, task, live, queue_ms, rows)
+
+    def _overloaded(self, task: Task, slo: SLO, idle: Choice, queued_ms: float) -> Overloaded:
+        return Overloaded(
+            f"{task.name}: the variants that meet the targets are busy: {idle.variant} would answer "
+            f"in {idle.predicted_latency_ms:.1f} ms idle, but its queue adds ~{queued_ms:.0f} ms "
+            f"(target {slo.latency_ms:g} ms); retry",
+            task=task.name,
+            variant=idle.variant,
+            retry_after_s=round(max(queued_ms, 1.0) / 1000.0, 3),
+        )
+
+    def _cold(self, task: Task, slo: SLO, choice: Choice) -> Overloaded:
+        self._hint(choice.variant)
+        entry = self._snapshot.variants.get(choice.variant)
+        load_s = entry[1].load_time_s if entry is not None and entry[1] is not None else 1.0
+        return Overloaded(
+            f"{task.name}: {choice.variant} meets the targets but is not loaded, and loading it "
+            f"(~{load_s * 1000:.0f} ms) would outlast the {slo.latency_ms:g} ms target; it is "
+            "loading now: retry",
+            task=task.name,
+            variant=choice.variant,
+            retry_after_s=round(max(load_s, 0.001), 3),
+        )
 
     def _route_pinned(
         self, task: Task, rows: int, slo: SLO, name: str, now_s: float, refresh: bool
@@ -517,6 +556,16 @@ class Router:
         decision = table.predict(name, rows, live)
         if decision is None:  # unreachable after the checks above; kept as a typed guard
             raise VariantNotFound(f"no variant {name!r}", variant=name)
+        if decision.predicted_latency_ms > slo.latency_ms:
+            # A pinned variant is served even when it cannot meet the latency target, unless only
+            # its queue or its cold load is in the way: then the client should come back.
+            idle = table.predict(
+                name, rows, LiveState(loaded=live.loaded | {name}, overhead_ms=live.overhead_ms)
+            )
+            if idle is not None and idle.predicted_latency_ms <= slo.latency_ms:
+                if name not in live.loaded:
+                    raise self._cold(task, slo, decision)
+                raise self._overloaded(task, slo, idle, queue_ms.get(name, 0.0))
         return self._routed(decision, task, live, queue_ms, rows)
 
     def _routed(
@@ -577,17 +626,22 @@ class Router:
         """Load the cheapest profiled variant of every architecture in the background (TF Serving's
         warm-up, by measured cost): the first query to a task then finds a warm variant instead of
         waiting for a cold load. Returns the variants asked for (call from the running loop)."""
+        names = sorted(self._cheapest(set(self._snapshot.architectures)).values())
+        self._warm_up = [t for t in (self._hint(name) for name in names) if t is not None]
+        self._warm_up_done = True
+        return names
+
+    def _cheapest(self, architectures: set[str]) -> dict[str, str]:
+        """Per architecture, its profiled variant with the lowest cost per query."""
         cheapest: dict[str, tuple[float, str]] = {}
         for name, (variant, profile) in self._snapshot.variants.items():
-            if profile is None:
+            if profile is None or variant.architecture not in architectures:
                 continue
             cost = profile.cost_usd_per_1k(1)
             best = cheapest.get(variant.architecture)
             if best is None or (cost, name) < best:
                 cheapest[variant.architecture] = (cost, name)
-        names = sorted(name for _, name in cheapest.values())
-        self._warm_up = [t for t in (self._hint(name) for name in names) if t is not None]
-        return names
+        return {arch: name for arch, (_, name) in cheapest.items()}
 
     @property
     def warming_up(self) -> int:

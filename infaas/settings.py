@@ -54,6 +54,18 @@ class Settings(BaseSettings):
     quarantine_backoff_s: float = Field(
         default=30.0, gt=0, description="First quarantine; doubles on each relapse, up to 32x."
     )
+    max_workers_per_family: int | None = Field(
+        default=None, ge=1, description="Ray workers per runtime family; unset: the cluster's CPUs."
+    )
+    batches_in_flight_per_replica: int = Field(
+        default=2, ge=1, description="Batches of a variant running at once on each of its replicas."
+    )
+    max_queue_rows: int = Field(
+        default=4096, ge=1, description="Rows waiting per variant; beyond, new queries get 429."
+    )
+    worker_call_timeout_s: float = Field(
+        default=60.0, gt=0, description="Bound on one call to a Ray worker (a load or a batch)."
+    )
     require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
 
     @field_validator("data_dir", "price_table", mode="after")

@@ -102,7 +102,12 @@ def create_app(
             local = InProcessPool(settings.artifacts_dir, memory_budget_mb=256.0)
         else:
             the_pool = pool
-        batcher = AsyncBatcher(the_pool, local=local)
+        batcher = AsyncBatcher(
+            the_pool,
+            local=local,
+            max_in_flight=settings.batches_in_flight_per_replica,
+            max_queue_rows=settings.max_queue_rows,
+        )
         the_router = Router(
             the_store,
             the_pool,

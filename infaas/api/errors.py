@@ -5,6 +5,7 @@ Every error response is ``{"error": <code>, "detail": <message>, ...structured f
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,13 +27,16 @@ HTTP_STATUS: dict[type[e.InfaasError], int] = {
     e.Conflict: 409,
     e.RegistrationError: 422,
     e.NoFeasibleVariant: 422,
+    e.Overloaded: 429,
+    e.DeadlineExceeded: 504,
     e.Unavailable: 503,
     e.StoreError: 503,
 }
 
 RETRY_AFTER_S = 1
-"""Sent as ``Retry-After`` with every 503: the condition (a drain, a lost worker, a store outage
-within its timeouts) is one a client should retry soon, not give up on."""
+"""Sent as ``Retry-After`` with every 503 and 429 (unless the error says how long, in its
+``retry_after_s`` field): a drain, a lost worker, a store outage within its timeouts, or full
+queues are conditions a client should retry soon, not give up on."""
 
 
 def status_for(exc: e.InfaasError) -> int:
@@ -48,8 +52,8 @@ def _error_response(exc: e.InfaasError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, e.Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"
-    if status == 503:
-        headers["Retry-After"] = str(RETRY_AFTER_S)
+    if status in (429, 503):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.fields.get("retry_after_s", RETRY_AFTER_S))))
     return JSONResponse(exc.to_body(), status_code=status, headers=headers or None)
 
 

@@ -92,7 +92,9 @@ _WHAT: dict[int, str] = {
     409: "Conflict: the name is taken by something different",
     413: "Body over the limit (INFAAS_MAX_REQUEST_MB; uploads: INFAAS_MAX_UPLOAD_MB)",
     422: "Understood but cannot be done",
+    429: "Busy: no variant meeting the targets can answer within the deadline given its queue; retry",
     503: "Unavailable for now: the store or a worker failed, or the server drains; retry later",
+    504: "The deadline (receipt + latency_ms) passed before the request ran; not charged",
 }
 
 _HEADERS: dict[int, dict[str, Any]] = {
@@ -111,6 +113,7 @@ _HEADERS: dict[int, dict[str, Any]] = {
         }
     },
 }
+_HEADERS[429] = _HEADERS[503]
 
 
 def _codes(cls: ErrorClass, status: int) -> list[str]:
@@ -164,6 +167,8 @@ QUERY_ROUTE: dict[str, Any] = {
         e.ArchitectureNotFound,
         e.VariantNotFound,
         e.NoFeasibleVariant,
+        e.Overloaded,
+        e.DeadlineExceeded,
         *TENANT_KEY,
     ),
 }

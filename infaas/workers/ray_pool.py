@@ -32,6 +32,7 @@ Failures
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
 import os
@@ -230,7 +231,7 @@ class RayPool:
         settings: Settings,
         *,
         memory_budget_mb: float | None = None,
-        max_workers_per_family: int = 2,
+        max_workers_per_family: int | None = None,
         max_restarts: int = 3,
         worker_num_cpus: float = 0.0,
         num_cpus: int | None = None,
@@ -240,8 +241,13 @@ class RayPool:
 
         self._artifacts_dir = artifacts_dir or settings.artifacts_dir
         self._budget_mb = memory_budget_mb or settings.worker_memory_budget_mb
-        self._max_workers = max_workers_per_family
         self._owns_ray = init_ray(settings, num_cpus=num_cpus)
+        # Workers per family: as many as the cluster has CPUs unless set (each worker runs its
+        # variants with explicit threads, so more workers than CPUs only oversubscribes them).
+        cap = max_workers_per_family or settings.max_workers_per_family
+        cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)  # type: ignore[no-untyped-call]
+        self._max_workers = cap or max(1, int(cpus))
+        self._call_timeout_s = settings.worker_call_timeout_s
         # Threads are explicit per variant, so the actors reserve no logical CPU (0 by default)
         # and spread over the cluster's nodes; a crashed actor restarts, its tasks are not retried
         # by Ray (the pool decides where a lost batch goes).
@@ -539,7 +545,17 @@ class RayPool:
         from ray.exceptions import RayActorError, RayTaskError
 
         try:
-            result = await ref
+            result = await asyncio.wait_for(ref, self._call_timeout_s)
+        except TimeoutError:
+            import ray
+
+            with contextlib.suppress(Exception):  # a running actor task may not be cancellable
+                ray.cancel(ref)
+            raise Unavailable(
+                f"worker {worker.worker_id} did not answer within {self._call_timeout_s:g} s "
+                "(INFAAS_WORKER_CALL_TIMEOUT_S)",
+                worker=worker.worker_id,
+            ) from None
         except RayActorError as exc:
             raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
         except RayTaskError as exc:

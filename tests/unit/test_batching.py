@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infaas.batching import AsyncBatcher, ManualTimer
-from infaas.errors import Unavailable
+from infaas.errors import DeadlineExceeded, Overloaded, Unavailable
 from infaas.policy.batching import BatchParams, predicted_queue_delay_ms
 from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
 from infaas.workers.inprocess import RecordingPool, echo_outputs
@@ -234,4 +234,67 @@ async def test_sub_hop_variants_run_in_the_front_end_and_the_rest_on_the_pool() 
     local.fail_next = Unavailable("artifact not readable here")
     result = await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(7.0), 1e9)
     assert result.outputs[0, 0] == 7.0 and remote.batches[-1][0] == tiny.name  # fell back to the pool
+    await batcher.close()
+
+
+async def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_not_run() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant()
+    p = make_profile(v)
+    running = asyncio.create_task(batcher.submit(v, p, rows(1.0), timer.now_s() + 10.0))
+    await settle()
+    late = asyncio.create_task(batcher.submit(v, p, rows(2.0), timer.now_s() + 0.005))
+    on_time = asyncio.create_task(batcher.submit(v, p, rows(3.0), timer.now_s() + 10.0))
+    await settle()
+    timer.advance(0.010)  # the first batch is still running: the 5 ms deadline passes in the queue
+    pool.release()
+    await settle()
+    pool.release()
+    await settle()
+    with pytest.raises(DeadlineExceeded, match="not charged"):
+        await late
+    assert (await running).batch_rows == 1 and (await on_time).batch_rows == 1
+    assert [b[1].shape[0] for b in pool.batches] == [1, 1]  # the expired request never reached a worker
+    await batcher.close()
+
+
+async def test_a_full_queue_refuses_with_overloaded() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, max_queue_rows=3, initial_overhead_ms=0.0)
+    v = make_variant()
+    p = make_profile(v)
+    far = timer.now_s() + 10.0
+    tasks = [asyncio.create_task(batcher.submit(v, p, rows(1.0), far))]
+    await settle()  # running
+    tasks += [asyncio.create_task(batcher.submit(v, p, rows(2.0, 3.0), far))]
+    await settle()  # 2 rows wait
+    with pytest.raises(Overloaded, match="INFAAS_MAX_QUEUE_ROWS") as refused:
+        await batcher.submit(v, p, rows(4.0, 5.0), far)
+    assert refused.value.fields["retry_after_s"] > 0
+    pool.release()
+    await settle()
+    pool.release()
+    await settle()
+    assert [t.result().batch_rows for t in tasks] == [1, 2]
+    await batcher.close()
+
+
+async def test_batches_in_flight_grow_with_the_replicas() -> None:
+    pool = RecordingPool(gated=True, workers=2)
+    batcher = AsyncBatcher(pool, timer=ManualTimer(), max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant(max_batch=1)
+    p = make_profile(v)
+    await pool.ensure_loaded(v)
+    await pool.replicate(v)
+    assert pool.replicas(v.name) == 2
+    tasks = [asyncio.create_task(batcher.submit(v, p, rows(float(i)), 1e9)) for i in range(4)]
+    await settle()
+    assert len(pool.batches) == 2  # one per replica, the other two wait
+    for _ in range(4):
+        pool.release()
+        await settle()
+    assert all(t.done() for t in tasks)
     await batcher.close()

@@ -8,11 +8,18 @@ import numpy as np
 import pytest
 
 from infaas.batching import AsyncBatcher
-from infaas.errors import ArchitectureNotFound, InvalidInput, NoFeasibleVariant, TaskNotFound, Unavailable
+from infaas.errors import (
+    ArchitectureNotFound,
+    InvalidInput,
+    NoFeasibleVariant,
+    Overloaded,
+    TaskNotFound,
+    Unavailable,
+)
 from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router, _quantile
 from infaas.store import MemoryStore
 from infaas.types import SLO, MachineInfo, Profile
-from infaas.workers.inprocess import EchoModel, InProcessPool
+from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
 from tests.factories import make_arch, make_task
 from tests.unit.policy.test_selection import MACHINE, make_entry
 
@@ -227,5 +234,46 @@ def test_a_variant_that_keeps_failing_is_quarantined_and_queries_go_elsewhere() 
         await router.close()
         await batcher.close()
         await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429() -> None:
+    async def scenario() -> None:
+        store = store_with_one_task()
+        variant, profile = make_entry(
+            "m", "onnxruntime", 1, accuracy=0.9, base_ms=1.0, per_row_ms=1.0, price_usd_per_s=1e-5,
+            load_time_s=0.05,
+        )  # fmt: skip
+        store.register_architecture(make_arch("m", "t"), [variant], [])
+        store.put_profile(profile)
+        pool = RecordingPool(gated=True)
+        batcher = AsyncBatcher(pool, max_in_flight=1, initial_overhead_ms=0.0)
+        router = Router(store, pool, batcher, machine=MACHINE)
+        router.refresh()
+        slo = SLO(latency_ms=10)
+        # cold: the 50 ms load would outlast the 10 ms target; the answer says retry, and loads it
+        with pytest.raises(Overloaded, match="not loaded") as cold:
+            router.route("t", 1, slo, now_s=0.0)
+        assert cold.value.fields["retry_after_s"] == pytest.approx(0.05)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert pool.is_loaded(variant.name)
+        assert router.route("t", 1, slo, now_s=1.0).variant.name == variant.name
+        # busy: a running batch of 32 rows and 32 more queued put ~50 ms ahead of a new query
+        rows = np.zeros((32, 4), dtype=np.float32)
+        waiting = [asyncio.create_task(batcher.submit(variant, profile, rows, 1e12)) for _ in range(2)]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="busy") as busy:
+            router.route("t", 1, slo, now_s=2.0)
+        assert busy.value.fields["retry_after_s"] > 0.01
+        # impossible even idle: 422, not 429
+        with pytest.raises(NoFeasibleVariant):
+            router.route("t", 1, SLO(latency_ms=1), now_s=2.0)
+        pool.release(2)
+        await asyncio.gather(*waiting)
+        await router.close()
+        await batcher.close()
 
     asyncio.run(scenario())

@@ -232,3 +232,15 @@ async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Setting
         assert ("crash", first) in events and ("retry", first) in events
     finally:
         await pool.close()
+
+
+async def test_a_worker_call_that_outlasts_its_timeout_is_unavailable(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    root, variants, rows = zoo
+    # 1 ms: no load (a new actor process, ONNX Runtime's import) answers that fast
+    impatient = ray_session.model_copy(update={"worker_call_timeout_s": 0.001})
+    pool = RayPool(impatient, artifacts_dir=root)
+    try:
+        with pytest.raises(Unavailable, match="did not answer within 0.001 s"):
+            await pool.run(variants["lr-c"], rows[:2])
+    finally:
+        await pool.close()
