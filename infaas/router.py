@@ -393,18 +393,28 @@ class Router:
         *,
         architecture: str | None = None,
         variant: str | None = None,
+        elapsed_ms: float = 0.0,
     ) -> Routed:
         """`route` for the event loop: a name the snapshot lacks re-reads the store in a thread."""
-        try:
+
+        def attempt() -> Routed:
             return self.route(
-                task_name, rows, slo, now_s, architecture=architecture, variant=variant, refresh=False
+                task_name,
+                rows,
+                slo,
+                now_s,
+                architecture=architecture,
+                variant=variant,
+                refresh=False,
+                elapsed_ms=elapsed_ms,
             )
+
+        try:
+            return attempt()
         except NotFound:
             if not await self._refresh_on_miss_async(now_s):
                 raise
-            return self.route(
-                task_name, rows, slo, now_s, architecture=architecture, variant=variant, refresh=False
-            )
+            return attempt()
 
     def task(self, name: str, now_s: float, *, refresh: bool = True) -> Task:
         """The task, or `TaskNotFound`. A miss re-reads the store (blocking) unless not `refresh`."""
@@ -466,14 +476,20 @@ class Router:
         architecture: str | None = None,
         variant: str | None = None,
         refresh: bool = True,
+        elapsed_ms: float = 0.0,
     ) -> Routed:
         """Pick the variant for a query of `rows` rows, or raise the error the API returns. A name
-        the snapshot lacks re-reads the store (blocking) unless not `refresh`."""
+        the snapshot lacks re-reads the store (blocking) unless not `refresh`. `elapsed_ms` is how
+        long the request has already waited (its deadline is receipt + the latency target): the
+        variant must answer in what is left, while 422 is judged on the whole target."""
         self._apply_quarantine(now_s)
         task = self.task(task_name, now_s, refresh=refresh)
         snap = self._snapshot
+        left = slo
+        if elapsed_ms > 0.0:
+            left = slo.model_copy(update={"latency_ms": max(slo.latency_ms - elapsed_ms, 1e-3)})
         if variant is not None:
-            return self._route_pinned(task, rows, slo, variant, now_s, refresh)
+            return self._route_pinned(task, rows, slo, left, variant, now_s, refresh)
         if architecture is not None:
             arch = snap.architectures.get(architecture)
             if arch is None and refresh and self._refresh_on_miss(now_s):
@@ -490,7 +506,7 @@ class Router:
         else:
             table = snap.by_task.get(task.name) or VariantTable(())
         live, queue_ms = self._live(table, now_s)
-        result = table.select(rows, slo, live)
+        result = table.select(rows, left, live)
         if isinstance(result, Infeasible):
             # Admission: busy (429) or impossible (422)? Ask again as if every queue were empty.
             idle = table.select(rows, slo, LiveState(loaded=live.loaded, overhead_ms=live.overhead_ms))
@@ -499,7 +515,7 @@ class Router:
             raise self._overloaded(task, slo, idle, queue_ms.get(idle.variant, 0.0))
         if result.load_hint is not None:
             self._hint(result.load_hint)
-        if result.variant not in live.loaded and result.predicted_latency_ms > slo.latency_ms:
+        if result.variant not in live.loaded and result.predicted_latency_ms > left.latency_ms:
             # Only a cold variant meets the targets, and its load would outlast the deadline:
             # load it, and ask the client to come back rather than answer late.
             raise self._cold(task, slo, result)
@@ -529,7 +545,7 @@ class Router:
         )
 
     def _route_pinned(
-        self, task: Task, rows: int, slo: SLO, name: str, now_s: float, refresh: bool
+        self, task: Task, rows: int, slo: SLO, left: SLO, name: str, now_s: float, refresh: bool
     ) -> Routed:
         snap = self._snapshot
         entry = snap.variants.get(name)
@@ -556,7 +572,7 @@ class Router:
         decision = table.predict(name, rows, live)
         if decision is None:  # unreachable after the checks above; kept as a typed guard
             raise VariantNotFound(f"no variant {name!r}", variant=name)
-        if decision.predicted_latency_ms > slo.latency_ms:
+        if decision.predicted_latency_ms > left.latency_ms:
             # A pinned variant is served even when it cannot meet the latency target, unless only
             # its queue or its cold load is in the way: then the client should come back.
             idle = table.predict(

@@ -147,7 +147,13 @@ async def query(request: Request) -> Response:
         )
         routed_s = time.monotonic()
         routed = await the_router.route_async(
-            req.task, rows, slo, routed_s, architecture=req.architecture, variant=req.variant
+            req.task,
+            rows,
+            slo,
+            routed_s,
+            architecture=req.architecture,
+            variant=req.variant,
+            elapsed_ms=(routed_s - received_s) * 1000.0,
         )
         variant_name = routed.variant.name
         result = await batcher.submit(
