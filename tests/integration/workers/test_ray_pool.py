@@ -240,7 +240,7 @@ async def test_a_worker_call_that_outlasts_its_timeout_is_unavailable(ray_sessio
     impatient = ray_session.model_copy(update={"worker_call_timeout_s": 0.001})
     pool = RayPool(impatient, artifacts_dir=root)
     try:
-        with pytest.raises(Unavailable, match="did not answer within 0.001 s"):
+        with pytest.raises(Unavailable, match=r"did not answer within 0\.001 s"):
             await pool.run(variants["lr-c"], rows[:2])
     finally:
         await pool.close()
