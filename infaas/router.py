@@ -31,6 +31,7 @@ import numpy as np
 
 from infaas.errors import (
     ArchitectureNotFound,
+    DeadlineExceeded,
     InvalidInput,
     NoFeasibleVariant,
     NotFound,
@@ -487,9 +488,9 @@ class Router:
         snap = self._snapshot
         left = slo
         if elapsed_ms > 0.0:
-            left = slo.model_copy(update={"latency_ms": max(slo.latency_ms - elapsed_ms, 1e-3)})
+            left = slo.model_copy(update={"latency_ms": max(slo.latency_ms - elapsed_ms, 1e-6)})
         if variant is not None:
-            return self._route_pinned(task, rows, slo, left, variant, now_s, refresh)
+            return self._route_pinned(task, rows, slo, left, variant, now_s, refresh, elapsed_ms)
         if architecture is not None:
             arch = snap.architectures.get(architecture)
             if arch is None and refresh and self._refresh_on_miss(now_s):
@@ -512,7 +513,7 @@ class Router:
             idle = table.select(rows, slo, LiveState(loaded=live.loaded, overhead_ms=live.overhead_ms))
             if isinstance(idle, Infeasible):
                 raise self._infeasible_error(idle, task, slo, architecture)
-            raise self._overloaded(task, slo, idle, queue_ms.get(idle.variant, 0.0))
+            raise self._busy(task, slo, idle, queue_ms.get(idle.variant, 0.0), elapsed_ms)
         if result.load_hint is not None:
             self._hint(result.load_hint)
         if result.variant not in live.loaded and result.predicted_latency_ms > left.latency_ms:
@@ -521,13 +522,23 @@ class Router:
             raise self._cold(task, slo, result)
         return self._routed(result, task, live, queue_ms, rows)
 
-    def _overloaded(self, task: Task, slo: SLO, idle: Choice, queued_ms: float) -> Overloaded:
+    def _busy(
+        self, task: Task, slo: SLO, idle: Choice, queued_ms: float, elapsed_ms: float
+    ) -> Overloaded | DeadlineExceeded:
+        """Feasible on an idle fleet, not now: 429, or 504 if the deadline already passed."""
+        if elapsed_ms >= slo.latency_ms:
+            return DeadlineExceeded(
+                f"the {slo.latency_ms:g} ms deadline passed after {elapsed_ms:.1f} ms, before the "
+                "request was routed; it was not charged",
+                waited_ms=round(elapsed_ms, 3),
+            )
         return Overloaded(
             f"{task.name}: the variants that meet the targets are busy: {idle.variant} would answer "
             f"in {idle.predicted_latency_ms:.1f} ms idle, but its queue adds ~{queued_ms:.0f} ms "
             f"(target {slo.latency_ms:g} ms); retry",
             task=task.name,
             variant=idle.variant,
+            predicted_idle_ms=round(idle.predicted_latency_ms, 4),
             retry_after_s=round(max(queued_ms, 1.0) / 1000.0, 3),
         )
 
@@ -545,7 +556,15 @@ class Router:
         )
 
     def _route_pinned(
-        self, task: Task, rows: int, slo: SLO, left: SLO, name: str, now_s: float, refresh: bool
+        self,
+        task: Task,
+        rows: int,
+        slo: SLO,
+        left: SLO,
+        name: str,
+        now_s: float,
+        refresh: bool,
+        elapsed_ms: float,
     ) -> Routed:
         snap = self._snapshot
         entry = snap.variants.get(name)
@@ -581,7 +600,7 @@ class Router:
             if idle is not None and idle.predicted_latency_ms <= slo.latency_ms:
                 if name not in live.loaded:
                     raise self._cold(task, slo, decision)
-                raise self._overloaded(task, slo, idle, queue_ms.get(name, 0.0))
+                raise self._busy(task, slo, idle, queue_ms.get(name, 0.0), elapsed_ms)
         return self._routed(decision, task, live, queue_ms, rows)
 
     def _routed(

@@ -2,10 +2,12 @@
 
 Resolving a tenant key costs two store reads (key → name → tenant), which on the query path cost
 more than the model. A resolved key is therefore kept in a `KeyCache` for `KEY_CACHE_TTL_S`
-seconds. A revoke made through this front end drops the tenant's keys from its cache at once; a
-revoke made elsewhere (another front end on the same store, or the store directly) takes effect
-here within `KEY_CACHE_TTL_S` (while the store is reachable: during an outage, keys resolved
-before keep working). Unknown keys are never cached, so a new key works at once.
+seconds; once expired, the next request is answered from the cache while the key is revalidated
+in the background (stale-while-revalidate), so no request waits on the store for a key it knows.
+A revoke made through this front end drops the tenant's keys from its cache at once; a revoke
+made elsewhere (another front end on the same store, or the store directly) takes effect here
+within `KEY_CACHE_TTL_S` and one more request (while the store is reachable: during an outage,
+keys resolved before keep working). Unknown keys are never cached, so a new key works at once.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from infaas.errors import Forbidden, StoreError, Unauthenticated
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import Role
+from infaas.types import Role, Tenant
 
 __all__ = [
     "KEY_CACHE_TTL_S",
@@ -56,6 +59,8 @@ class KeyCache:
         self._max_entries = max_entries
         self._entries: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()  # routes run on the loop, but sync ones run in threads
+        self._refreshing: set[str] = set()  # digests being revalidated (touched on the loop)
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def digest(api_key: str) -> str:
@@ -81,6 +86,25 @@ class KeyCache:
                 # the cost is one store read per key, once.
                 self._entries.clear()
             self._entries[digest] = (principal, now_s + self.ttl_s)
+
+    def revalidate(self, digest: str, refresh: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `refresh()` in the background unless one for `digest` is already running (call
+        from the event loop)."""
+        if digest in self._refreshing:
+            return
+        self._refreshing.add(digest)
+        task = asyncio.get_running_loop().create_task(refresh())
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            self._refreshing.discard(digest)
+
+        task.add_done_callback(done)
+
+    def forget(self, digest: str) -> None:
+        with self._lock:
+            self._entries.pop(digest, None)
 
     def drop_tenant(self, name: str) -> None:
         """Forget every key of tenant `name` (called when it is revoked here)."""
@@ -139,22 +163,38 @@ async def authenticate(request: Request) -> Principal:
     if principal is not None:
         return principal
     store: MetadataStore = request.app.state.store
-    try:
-        # In a thread: a store that hangs (up to its timeout) must not stall the event loop.
-        tenant = await asyncio.to_thread(store.tenant_for_key, token)
-    except StoreError:
-        known = cache.stale(digest)
-        if known is None:
-            raise
-        # The store is down and this key resolved before: keep answering, and ask the store
-        # again only after another TTL, so the outage costs one timeout per key per TTL.
-        cache.put(digest, known, now_s)
+    known = cache.stale(digest)
+    if known is not None:
+        # Expired: answer with what the key resolved to, and ask the store again in the
+        # background, once per key. A request never waits for the store on a key it knows, so a
+        # store that hangs costs no latency, and no herd of requests piles onto it.
+        cache.revalidate(digest, lambda: _resolve(store, token, digest, cache, known))
         return known
+    tenant = await _lookup(store, token)
     if tenant is None:
         raise Unauthenticated("unknown or revoked API key")
     principal = Principal(name=tenant.name, role=tenant.role)
     cache.put(digest, principal, now_s)
     return principal
+
+
+async def _lookup(store: MetadataStore, token: str) -> Tenant | None:
+    # In a thread: a store that hangs (up to its timeout) must not stall the event loop.
+    return await asyncio.to_thread(store.tenant_for_key, token)
+
+
+async def _resolve(store: MetadataStore, token: str, digest: str, cache: KeyCache, known: Principal) -> None:
+    """Revalidate an expired key: refresh it, forget it (revoked), or keep it another TTL while
+    the store cannot answer."""
+    try:
+        tenant = await _lookup(store, token)
+    except StoreError:
+        cache.put(digest, known, time.monotonic())
+        return
+    if tenant is None:
+        cache.forget(digest)
+    else:
+        cache.put(digest, Principal(name=tenant.name, role=tenant.role), time.monotonic())
 
 
 async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:

@@ -179,7 +179,9 @@ def test_a_frozen_redis_costs_no_500_and_no_charge(
 
         result = load_then(served, key, outage, before_s=2.0, after_s=3.0)
         statuses = result.statuses()
-        assert set(statuses) <= {200, 503}, statuses  # never a 500, never a cut
+        # Never a 500, never a cut. A 503 is an unknown key or a write; a 504, a request whose
+        # deadline passed behind a stalled thread (the store's calls are bounded, not free).
+        assert set(statuses) <= {200, 503, 504}, statuses
         during = [o for o in result.outcomes if window["from"] + 6.0 <= o.sent_s <= window["to"]]
         answered_during = sum(1 for o in during if o.status == 200)
         # The tenant's key was resolved before the outage: well after its 5 s cache entry expired,

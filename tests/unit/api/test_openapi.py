@@ -104,7 +104,7 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
 
 def test_each_route_lists_what_its_code_answers(document: dict[str, Any]) -> None:
     statuses = {label: sorted(op["responses"]) for label, op in _operations(document)}
-    assert statuses["POST /v1/query"] == ["200", "400", "401", "404", "413", "422", "503"]
+    assert statuses["POST /v1/query"] == ["200", "400", "401", "404", "413", "422", "429", "503", "504"]
     assert statuses["POST /v1/models"] == ["200", "201", "400", "401", "403", "409", "413", "422", "503"]
     assert statuses["POST /v1/admin/tenants"] == ["201", "400", "401", "403", "409", "413", "503"]
     assert statuses["DELETE /v1/admin/tenants/{name}"] == ["204", "401", "403", "404", "413", "503"]
