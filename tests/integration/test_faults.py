@@ -75,16 +75,26 @@ def test_sigterm_under_load_drains_exits_0_and_bills_every_answer(
     with serve_process(small_zoo, tmp_path) as served:
         key = served.new_tenant("acme")
         code: list[int] = []
-        result = load_then(
-            served, key, lambda: (served.proc.send_signal(signal.SIGTERM), code.append(served.proc.wait(60)))
-        )
+        signalled: list[float] = []
+
+        def stop() -> None:
+            signalled.append(time.monotonic())
+            served.proc.send_signal(signal.SIGTERM)
+            code.append(served.proc.wait(60))
+
+        result = load_then(served, key, stop)
         log = served.log()
     statuses = result.statuses()
     assert code == [0], log[-3000:]
     assert "SIGTERM received: draining" in log and "Aborted" not in log and "usage flushed" in log
-    # Accepted requests were answered; after the stop, new ones were refused (503 while draining,
-    # then connection refused): none was cut, none hung.
-    assert set(statuses) <= {200, 503, "refused"}, statuses
+    # Every request sent before the signal was answered: none cut, none hung, none refused.
+    before = [o.status for o in result.outcomes if o.sent_s < signalled[0] - 0.05]
+    assert set(before) == {200}, sorted(set(map(str, before)))
+    # After it, new requests were refused: 503 while draining, then connection refused. HTTP/1.1
+    # leaves one race: a request sent on an idle keep-alive connection at the instant the server
+    # closes it is lost in transit (the server never read it; RFC 9112 §9.3.1). Rare, never billed.
+    assert set(statuses) <= {200, 503, "refused", "cut"}, statuses
+    assert statuses["cut"] <= 2, statuses
     assert statuses[200] > 100, statuses
     with serve_process(small_zoo, tmp_path) as again:
         totals = usage_totals(again, len(result.answered()))
