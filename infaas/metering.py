@@ -251,16 +251,15 @@ class Meter:
         as is by the next flush, so nothing is lost or counted twice."""
         with self._flush_lock:
             written = self._replay()
-            if self._in_doubt is not None:
+            for _ in range(2):  # the batch in doubt, if there is one, then the pending counters
+                if self._in_doubt is None:
+                    with self._lock:
+                        taken, self._pending = self._pending, {}
+                        seq = self._pending_seq
+                    if not taken:
+                        break
+                    self._in_doubt = ([_delta(k, c) for k, c in sorted(taken.items())], seq)
                 deltas, seq = self._in_doubt
-                self._write(deltas, seq)
-                self._in_doubt = None
-                written += len(deltas)
-            with self._lock:
-                taken, self._pending = self._pending, {}
-                seq = self._pending_seq
-            if taken:
-                self._in_doubt = deltas, seq = [_delta(k, c) for k, c in sorted(taken.items())], seq
                 self._write(deltas, seq)
                 self._in_doubt = None
                 written += len(deltas)

@@ -153,6 +153,21 @@ def serve_process(source: Settings, workdir: Path, env: dict[str, str] | None = 
         log.close()
 
 
+def tensorflow_variant(settings: Settings) -> str:
+    """A profiled TensorFlow variant of the data dir (TensorFlow variants always run on a Ray
+    worker, never on the front end's fast path)."""
+    from infaas.store import open_store
+
+    store = open_store(settings)
+    try:
+        ok = {p.variant for p in store.list_profiles() if p.status == "ok"}
+        names = [v.name for v in store.list_variants() if v.spec.runtime == "tensorflow" and v.name in ok]
+    finally:
+        store.close()
+    assert names, "the small zoo has a profiled TensorFlow variant"
+    return sorted(names)[0]
+
+
 def _quick_profiling(app: FastAPI, settings: Settings) -> None:
     """Registrations through the API profile their variants in quick mode (seconds, not minutes)."""
     from infaas.registry import build_registry

@@ -12,8 +12,7 @@ import psutil
 import pytest
 
 from infaas.settings import Settings
-from infaas.store import open_store
-from tests.integration.conftest import serve_process
+from tests.integration.conftest import serve_process, tensorflow_variant
 from tests.integration.load import OpenLoopLoad
 from tests.integration.test_faults import usage_totals
 from variants import zoo
@@ -23,16 +22,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 RATE_PER_S = 700.0
 SECONDS = 8.0
 LATENCY_MS = 50.0
-
-
-def tensorflow_variant(settings: Settings) -> str:
-    store = open_store(settings)
-    try:
-        ok = {p.variant for p in store.list_profiles() if p.status == "ok"}
-        names = [v.name for v in store.list_variants() if v.spec.runtime == "tensorflow" and v.name in ok]
-    finally:
-        store.close()
-    return sorted(names)[0]
 
 
 def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(

@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 
 from infaas.settings import Settings
-from infaas.store import open_store
-from tests.integration.conftest import Served, serve_process
+from tests.integration.conftest import Served, serve_process, tensorflow_variant
 from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -37,17 +36,6 @@ def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ite
     # A server of its own: killing its workers must not disturb other modules' tests.
     with serve_process(small_zoo, tmp_path_factory.mktemp("worker-crash")) as served:
         yield served
-
-
-def tensorflow_variant(settings: Settings) -> str:
-    store = open_store(settings)
-    try:
-        ok = {p.variant for p in store.list_profiles() if p.status == "ok"}
-        names = [v.name for v in store.list_variants() if v.spec.runtime == "tensorflow" and v.name in ok]
-    finally:
-        store.close()
-    assert names, "the small zoo has a profiled TensorFlow variant"
-    return sorted(names)[0]
 
 
 def fleet(server: Served) -> dict[str, Any]:
