@@ -268,7 +268,7 @@ class Router:
         self._snapshot = self._base = Snapshot.empty()
         self._last_miss_refresh_s = float("-inf")
         self._loaded: dict[int, _LoadedCache] = {}
-        self._hinted: set[str] = set()
+        self._hinted: dict[str, asyncio.Task[None]] = {}  # loads under way, by variant
         self._warm_up: list[asyncio.Task[None]] = []
         self._warm_up_done = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -683,14 +683,32 @@ class Router:
         """Warm-up loads still running (readiness waits for 0)."""
         return sum(1 for t in self._warm_up if not t.done())
 
-    def _hint(self, name: str) -> asyncio.Task[None] | None:
-        if name in self._hinted:
+    async def warm_architecture(self, architecture: str, timeout_s: float = 120.0) -> str | None:
+        """Re-read the store and load `architecture`'s cheapest variant where its batches will
+        run, waiting for it (registration answers once its model is warm, as TF Serving loads
+        and warms a version before serving it). Returns the variant, or None when none is
+        profiled; a failed load is logged and counted towards quarantine, not raised."""
+        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
+        if fresh.fingerprint != self._base.fingerprint:
+            self._adopt(fresh)
+        name = self._cheapest({architecture}).get(architecture)
+        if name is None:
             return None
+        task = self._hint(name)
+        if task is not None:
+            await asyncio.wait([task], timeout=timeout_s)
+        return name
+
+    def _hint(self, name: str) -> asyncio.Task[None] | None:
+        """Load `name` in the background; its task (the running one if a load is under way)."""
+        running = self._hinted.get(name)
+        if running is not None:
+            return running
         entry = self._snapshot.variants.get(name)
         if entry is None or entry[1] is None:
             return None
-        self._hinted.add(name)
         task = asyncio.get_running_loop().create_task(self._load(*entry), name=f"load-hint:{name}")
+        self._hinted[name] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -707,7 +725,7 @@ class Router:
         else:
             self.report(variant.name, None, time.monotonic())
         finally:
-            self._hinted.discard(variant.name)
+            self._hinted.pop(variant.name, None)
             self._loaded.clear()
 
     async def close(self) -> None:

@@ -99,6 +99,22 @@ def test_tenant_registers_onnx_then_lists_it(
     assert not any((settings.data_dir / "tmp").iterdir())
 
 
+def test_a_registered_model_is_warm_when_registration_answers(
+    live_server: LiveServer, digits: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """As TF Serving loads and warms a version before serving it: the burst that often follows a
+    registration finds the new model's cheapest variant loaded, not refusals while it loads."""
+    x, y = digits
+    key = live_server.new_tenant("acme")
+    model = ("warm.onnx", tiny_models.linear_onnx(x=x, y=y))
+    status, body = _post(live_server, key, "warm", model, tiny_models.validation_bytes(x, y), profile=True)
+    assert status == 201, body
+    profiles = [p for p in live_server.app.state.store.list_profiles("warm") if p.status == "ok"]
+    cheapest = min(profiles, key=lambda p: (p.cost_usd_per_1k(1), p.variant)).variant
+    pool = live_server.app.state.pool
+    assert pool.is_loaded(cheapest), (cheapest, [w.loaded for w in pool.fleet()])
+
+
 def test_sklearn_upload_is_admin_only(
     live_server: LiveServer, digits: tuple[np.ndarray, np.ndarray], tmp_path: Path
 ) -> None:

@@ -43,6 +43,7 @@ from infaas.errors import (
     RegistrationError,
 )
 from infaas.registry import RegistrationResult, Registry
+from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
 
@@ -167,6 +168,11 @@ async def register_model(
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    router: Router | None = getattr(request.app.state, "router", None)
+    if result.created and router is not None:
+        # Warm before answering: the burst that often follows a registration then finds the
+        # model's cheapest variant loaded instead of refusals while it loads.
+        await router.warm_architecture(result.architecture.name)
     body = await run_in_threadpool(_registered, result, _store(request))
     return JSONResponse(body.model_dump(mode="json"), status_code=201 if result.created else 200)
 
