@@ -56,12 +56,17 @@ log = logging.getLogger(__name__)
 DEFAULT_OVERHEAD_MS = 1.0
 """Overhead assumed until enough answers are measured: the Ray hop is ~0.7 ms here (DESIGN.md)."""
 
+PROBE_INTERVAL_S = 0.2
+"""While queries are refused as overloaded, one per this interval is served anyway (a probe)."""
+
 
 class OverheadTracker:
     """A high quantile of the prediction's residual over the last `window` answers of the last
     `max_age_s` seconds (pure: residuals and times come in as numbers). The age bound lets the
-    estimate come back down after a burst of load instead of carrying it for thousands of answers.
-    With fewer than `min_samples` recent answers it reports `prior_ms`."""
+    estimate come back down after a burst of load instead of carrying it for thousands of answers;
+    the router refreshes it on a timer too, so it comes down even when nothing is answered (every
+    query refused because of it). With fewer than `min_samples` recent answers it reports
+    `prior_ms`."""
 
     def __init__(
         self,
@@ -69,7 +74,7 @@ class OverheadTracker:
         *,
         quantile: float = 0.99,
         window: int = 2048,
-        max_age_s: float = 30.0,
+        max_age_s: float = 5.0,
         min_samples: int = 32,
         refresh_every: int = 16,
     ) -> None:
@@ -91,6 +96,8 @@ class OverheadTracker:
         self._next = 0  # slot the next answer goes to
         self._since_refresh = 0
         self._value_ms = prior_ms
+        self.last_s = float("-inf")
+        """When the last answer was recorded."""
 
     @property
     def value_ms(self) -> float:
@@ -104,6 +111,7 @@ class OverheadTracker:
     def observe(self, residual_ms: float, now_s: float) -> None:
         """Record one answer's ``latency_ms - (profiled run time + predicted queueing)``."""
         i = self._next
+        self.last_s = now_s
         self._at_s[i] = now_s
         self._residual_ms[i] = residual_ms
         self._next = (i + 1) % self._at_s.shape[0]
@@ -354,6 +362,11 @@ class Router:
         self._refresher.start()
 
     async def _refresh_round(self) -> None:
+        # First, and even if the store fails below: an estimate whose answers have all aged out
+        # (every query refused because of it) comes back to the prior.
+        now_s = time.monotonic()
+        for tracker in self.overheads.values():
+            tracker.refresh(now_s)
         fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
         if fresh.fingerprint != self._base.fingerprint:
             self._adopt(fresh)
@@ -513,6 +526,8 @@ class Router:
             idle = table.select(rows, slo, LiveState(loaded=live.loaded, overhead_ms=live.overhead_ms))
             if isinstance(idle, Infeasible):
                 raise self._infeasible_error(idle, task, slo, architecture)
+            if elapsed_ms < slo.latency_ms and self._probe(idle.variant, now_s):
+                return self._routed(idle, task, live, queue_ms, rows)
             raise self._busy(task, slo, idle, queue_ms.get(idle.variant, 0.0), elapsed_ms)
         if result.load_hint is not None:
             self._hint(result.load_hint)
@@ -521,6 +536,16 @@ class Router:
             # load it, and ask the client to come back rather than answer late.
             raise self._cold(task, slo, result)
         return self._routed(result, task, live, queue_ms, rows)
+
+    def _probe(self, variant: str, now_s: float) -> bool:
+        """Admit one refused query per `PROBE_INTERVAL_S` and runtime anyway: refusals add no
+        answers, and without answers the overhead estimate that refuses them could not learn
+        that the cause (a burst, a pause) is gone."""
+        tracker = self.overheads.get(self._snapshot.variants[variant][0].spec.runtime)
+        if tracker is None or now_s - tracker.last_s < PROBE_INTERVAL_S:
+            return False
+        tracker.last_s = now_s
+        return True
 
     def _busy(
         self, task: Task, slo: SLO, idle: Choice, queued_ms: float, elapsed_ms: float

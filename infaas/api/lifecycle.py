@@ -111,7 +111,7 @@ class DrainGate:
 class Server(uvicorn.Server):
     """uvicorn's server with infaas's stop sequence (module docstring).
 
-    `on_fatal` lets the app stop the process with an exit code of its own (e.g. its Ray died)."""
+    `stop` lets the app end the process with an exit code of its own (e.g. its Ray died)."""
 
     def __init__(self, config: uvicorn.Config, gate: DrainGate, drain_timeout_s: float) -> None:
         super().__init__(config)

@@ -16,7 +16,7 @@ from infaas.errors import (
     TaskNotFound,
     Unavailable,
 )
-from infaas.router import DEFAULT_OVERHEAD_MS, OverheadTracker, Router, _quantile
+from infaas.router import DEFAULT_OVERHEAD_MS, PROBE_INTERVAL_S, OverheadTracker, Router, _quantile
 from infaas.store import MemoryStore
 from infaas.types import SLO, MachineInfo, Profile
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
@@ -268,6 +268,13 @@ def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429(
         with pytest.raises(Overloaded, match="busy") as busy:
             router.route("t", 1, slo, now_s=2.0)
         assert busy.value.fields["retry_after_s"] > 0.01
+        # once answers have been measured, one refused query per interval goes through as a probe,
+        # so an estimate that refuses everything can still learn its cause is gone
+        router.overheads["onnxruntime"] = OverheadTracker(min_samples=1, refresh_every=1, prior_ms=0.0)
+        router.overheads["onnxruntime"].observe(0.0, now_s=2.0)
+        assert router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S).variant.name == variant.name
+        with pytest.raises(Overloaded):
+            router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S)
         # impossible even idle: 422, not 429
         with pytest.raises(NoFeasibleVariant):
             router.route("t", 1, SLO(latency_ms=1), now_s=2.0)
