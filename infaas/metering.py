@@ -26,14 +26,16 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from infaas.journal import JournalEntry, UsageJournal
 from infaas.periodic import Periodic
 from infaas.store.base import UsageMark
 from infaas.types import (
     COUNTER_COST_PUSD,
+    COUNTER_FAILED,
     COUNTER_QUERIES,
+    COUNTER_REFUSED,
     COUNTER_ROWS,
     COUNTER_SLO_MET,
     COUNTER_SLO_MISSED,
@@ -142,6 +144,7 @@ class Meter:
         self._lock = threading.Lock()  # record() runs on the event loop, flush() may run in a thread
         self._flush_lock = threading.Lock()  # one flush at a time: batches reach the store in order
         self._pending_seq = 0  # the journal's last sequence number in `_pending`
+        self._marked_seq = 0  # the last sequence number written with a mark
         self._in_doubt: tuple[list[UsageDelta], int] | None = None  # a batch whose flush failed
         self._replayed = journal is None
         # Keyed by a plain (tenant, task, variant, minute) tuple, not a `UsageKey`: this runs once
@@ -201,9 +204,25 @@ class Meter:
         return record
 
     def record_failure(
-        self, *, tenant: str, task: str, variant: str, rows: int, latency_ms: float, error: str, now_s: float
+        self,
+        *,
+        tenant: str,
+        task: str,
+        variant: str,
+        rows: int,
+        latency_ms: float,
+        error: str,
+        now_s: float,
+        counted: Literal["refused", "failed"] | None = None,
     ) -> MeterRecord:
-        """Tell listeners about a failed query. Nothing is charged, so usage is not touched."""
+        """Tell listeners about a failed query. Nothing is charged. A query the service refused
+        as overloaded (`counted="refused"`) or failed on its side (`"failed"`) is counted in the
+        usage too, since SLO attainment is over every query a tenant sent; a bad request is not
+        (it says nothing about the service)."""
+        if counted is not None:
+            counter = COUNTER_REFUSED if counted == "refused" else COUNTER_FAILED
+            with self._lock:
+                _add(self._pending, (tenant, task, variant, int(now_s // 60)), {counter: 1})
         record = MeterRecord(
             tenant=tenant,
             task=task,
@@ -267,13 +286,16 @@ class Meter:
 
     def _write(self, deltas: list[UsageDelta], seq: int) -> None:
         journal = self._journal
-        if journal is None:
+        if journal is None or seq <= self._marked_seq:
+            # No journal, or no new charge since the last marked write: only refusal and failure
+            # counts, which are not journaled (not money), so they carry no mark.
             self._sink.add_usage(deltas)
             return
         # The store's mark must never pass what the journal holds: a restart numbers on from the
         # journal, and entries at or below the store's mark would be skipped.
         journal.wait_durable(seq)
         self._sink.add_usage(deltas, mark=(journal.source, seq))
+        self._marked_seq = seq
         journal.trim(seq)
 
     def _replay(self) -> int:
@@ -302,6 +324,7 @@ class Meter:
         else:
             journal.trim(journal.first_seq - 1)
         self._replayed = True
+        self._marked_seq = max(self._marked_seq, journal.first_seq - 1)
         return written
 
 

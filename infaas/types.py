@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "COUNTER_COST_PUSD",
+    "COUNTER_FAILED",
     "COUNTER_QUERIES",
+    "COUNTER_REFUSED",
     "COUNTER_ROWS",
     "COUNTER_SLO_MET",
     "COUNTER_SLO_MISSED",
@@ -327,6 +329,10 @@ COUNTER_ROWS = "rows"
 COUNTER_COST_PUSD = "cost_pusd"
 COUNTER_SLO_MET = "slo_met"
 COUNTER_SLO_MISSED = "slo_missed"
+COUNTER_REFUSED = "refused"
+"""Queries refused as overloaded (429): not answered, not charged, but not in SLO either."""
+COUNTER_FAILED = "failed"
+"""Queries that failed on the service's side (5xx, or 504 deadline exceeded): not charged."""
 
 
 def latency_bucket_counter(latency_ms: float) -> str:

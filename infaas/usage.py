@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict
 from infaas.errors import InvalidInput
 from infaas.types import (
     COUNTER_COST_PUSD,
+    COUNTER_FAILED,
     COUNTER_QUERIES,
+    COUNTER_REFUSED,
     COUNTER_ROWS,
     COUNTER_SLO_MET,
     COUNTER_SLO_MISSED,
@@ -83,8 +85,12 @@ class UsageStats(_Out):
     cost_pusd: int = 0
     cost_usd: float = 0.0
     slo_met: int = 0
-    slo_missed: int = 0
-    slo_attainment: float | None = None  # slo_met / (slo_met + slo_missed); None without any
+    slo_missed: int = 0  # answered late
+    refused: int = 0  # 429 overloaded: neither answered nor charged
+    failed: int = 0  # 5xx or 504 on the service's side: not charged
+    # What the tenant saw: in-SLO answers over every query sent (answered, refused or failed; bad
+    # requests not counted). None without any.
+    slo_attainment: float | None = None
     p50_ms: float | None = None  # estimated from the latency histogram; None without samples
     p99_ms: float | None = None
 
@@ -247,6 +253,9 @@ def stats_from_counters(counters: Mapping[str, int]) -> UsageStats:
     """`UsageStats` of one set of summed counters."""
     met = counters.get(COUNTER_SLO_MET, 0)
     missed = counters.get(COUNTER_SLO_MISSED, 0)
+    refused = counters.get(COUNTER_REFUSED, 0)
+    failed = counters.get(COUNTER_FAILED, 0)
+    sent = met + missed + refused + failed
     cost_pusd = counters.get(COUNTER_COST_PUSD, 0)
     return UsageStats(
         queries=counters.get(COUNTER_QUERIES, 0),
@@ -255,7 +264,9 @@ def stats_from_counters(counters: Mapping[str, int]) -> UsageStats:
         cost_usd=pusd_to_usd(cost_pusd),
         slo_met=met,
         slo_missed=missed,
-        slo_attainment=met / (met + missed) if met + missed else None,
+        refused=refused,
+        failed=failed,
+        slo_attainment=met / sent if sent else None,
         p50_ms=estimate_quantile_ms(counters, 0.50),
         p99_ms=estimate_quantile_ms(counters, 0.99),
     )
@@ -266,7 +277,17 @@ class _Sum:
 
     __slots__ = ("counters",)
 
-    _KEPT = frozenset({COUNTER_QUERIES, COUNTER_ROWS, COUNTER_COST_PUSD, COUNTER_SLO_MET, COUNTER_SLO_MISSED})
+    _KEPT = frozenset(
+        {
+            COUNTER_QUERIES,
+            COUNTER_ROWS,
+            COUNTER_COST_PUSD,
+            COUNTER_SLO_MET,
+            COUNTER_SLO_MISSED,
+            COUNTER_REFUSED,
+            COUNTER_FAILED,
+        }
+    )
 
     def __init__(self) -> None:
         self.counters: dict[str, int] = defaultdict(int)

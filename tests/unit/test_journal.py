@@ -172,3 +172,25 @@ def test_os_mode_is_durable_once_written(tmp_path: Path) -> None:
     Meter(store, again).flush()
     assert totals(store) == (2, 7)
     again.close()
+
+
+def test_refusals_and_failures_land_even_in_a_flush_with_no_new_charge(tmp_path: Path) -> None:
+    """They are counted (SLO attainment is over every query sent) but not journaled (not money):
+    a flush holding only them carries no mark, so the store must not skip it as a replay."""
+    store = MemoryStore()
+    journal = UsageJournal(tmp_path / "journal")
+    meter = Meter(store, journal)
+    answered(meter, [3])
+    meter.flush()
+    for counted in ("refused", "failed", "refused"):
+        meter.record_failure(
+            tenant="t1", task="digits", variant="v", rows=1, latency_ms=1.0, error="x", now_s=600.0,
+            counted=counted,  # type: ignore[arg-type]
+        )  # fmt: skip
+    meter.record_failure(
+        tenant="t1", task="digits", variant="v", rows=1, latency_ms=1.0, error="bad", now_s=600.0
+    )
+    meter.flush()
+    [row] = store.usage()
+    assert (row.counters["queries"], row.counters["refused"], row.counters["failed"]) == (1, 2, 1)
+    journal.close()

@@ -221,3 +221,13 @@ def test_series_sum_to_totals_and_totals_to_rows(
                 and point.start_s <= r.key.minute * 60 < point.start_s + step_s
             ]
             assert point.stats.cost_pusd == sum(r.counters["cost_pusd"] for r in mine)
+
+
+def test_slo_attainment_counts_every_query_sent_refused_and_failed_included() -> None:
+    from infaas.usage import stats_from_counters
+
+    stats = stats_from_counters({"queries": 8, "slo_met": 6, "slo_missed": 2, "refused": 1, "failed": 1})
+    assert (stats.refused, stats.failed) == (1, 1)
+    assert stats.slo_attainment == 0.6  # 6 in SLO of 10 sent
+    assert stats_from_counters({"refused": 3}).slo_attainment == 0.0
+    assert stats_from_counters({}).slo_attainment is None

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infaas.api.auth import authenticate
-from infaas.api.errors import _validation_detail
+from infaas.api.errors import _validation_detail, status_for
 from infaas.api.openapi import QUERY_ROUTE
 from infaas.api.schemas import QueryRequest, QueryResponse
 from infaas.errors import InfaasError, InvalidInput
@@ -163,14 +163,18 @@ async def query(request: Request) -> Response:
         outputs = result.outputs.tolist()
         latency_ms = (time.monotonic() - received_s) * 1000.0
     except Exception as exc:
+        status = status_for(exc) if isinstance(exc, InfaasError) else 500
         meter.record_failure(
             tenant=principal.name,
             task=task_name,
-            variant=variant_name,
+            # A refusal names the variant it would have used.
+            variant=variant_name
+            or (str(exc.fields.get("variant", "")) if isinstance(exc, InfaasError) else ""),
             rows=rows,
             latency_ms=(time.monotonic() - received_s) * 1000.0,
             error=exc.code if isinstance(exc, InfaasError) else "internal_error",
             now_s=time.time(),
+            counted="refused" if status == 429 else "failed" if status >= 500 else None,
         )
         raise
     decision = routed.decision
