@@ -1,147 +1,293 @@
 """The autoscaler: the control loop around `infaas.policy.autoscaling` (DESIGN.md, "control").
 
-Every `interval_s` it builds one `VariantLoad` per variant that has replicas in the worker pool —
-arrival rows/s over the look-back window (`ArrivalWindow`, fed by the meter with every routed
-query), one replica's capacity (the profile's best measured throughput), replicas now
-(`WorkerPool.replicas`) —, asks the pure `decide`, and applies its decisions through the pool:
-`replicate` a hot variant onto one more worker, `unload` replicas of a cold one (to zero once it
-has been idle for the policy's downscale delay). The pool records each action as a `FleetEvent`
-carrying the policy's reason, so the fleet view and the dashboard say why.
+Every `interval_s` it measures a `FleetSnapshot` and applies what the pure `decide` returns:
 
-Loading a variant that has no replica yet (0 → 1) stays with the query path (on-demand loads and
-the router's load hints), so the autoscaler never races a load in progress. Variants the front end
-runs on its own fast path (`local`) never reach a worker and are not scaled.
+- demand per variant over the look-back window (`DemandWindow`, fed by the meter with every
+  answered, refused or failed query): rows/s, rows answered late or refused, the tightest latency
+  and highest accuracy target its traffic asked for, the batch sizes it really ran at;
+- one replica's capacity at those batch sizes, from the profile's latency curve;
+- the oldest queued request's age (the batcher), replicas and path (the `Placement`);
+- the free vCPUs / GPUs: what Ray reports available, less what this fleet's replicas hold (worker
+  actors reserve no logical CPU: their variants' threads are explicit, so Ray cannot count them);
+- per architecture, when it last had traffic (or was first seen), for the warm floor.
+
+Actions go through the placement layer (replicate, load, unload), and each is recorded as a fleet
+event of its own kind with the policy's reason. `FleetCost` integrates what the loaded replicas
+cost (replicas × the price of the resources each holds × time): what the operator pays, beside
+what tenants are charged for busy time.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from infaas.errors import Unavailable
+from infaas.errors import InfaasError
 from infaas.metering import MeterRecord
 from infaas.periodic import Periodic
-from infaas.policy.autoscaling import AutoscalingConfig, ScaleDecision, ScalingState, VariantLoad, decide
-from infaas.types import Profile, Variant
-from infaas.workers.base import WorkerPool
+from infaas.policy.autoscaling import (
+    Action,
+    AutoscalingConfig,
+    FleetSnapshot,
+    ScalingState,
+    VariantState,
+    decide,
+)
+from infaas.router import Catalog, cheapest_variants
+from infaas.types import FleetEvent, Profile, Variant
+from infaas.workers.placement import Placement
+from infaas.workers.residency import EventLog
 
-__all__ = ["ArrivalWindow", "Autoscaler", "capacity_rows_per_s"]
+__all__ = ["Autoscaler", "Demand", "DemandWindow", "FleetCost", "capacity_rows_per_s"]
 
 log = logging.getLogger(__name__)
 
-
-def capacity_rows_per_s(profile: Profile) -> float:
-    """One replica's capacity: the best throughput the profiler measured (its largest batch, usually)."""
-    return max((p.throughput_qps for p in profile.points), default=0.0)
+_PRESSURE_OUTCOMES = frozenset({"slo_missed", "overloaded", "deadline_exceeded"})
 
 
-class ArrivalWindow:
-    """Rows that arrived per variant, in one-second buckets over the last `window_s` seconds.
+def capacity_rows_per_s(profile: Profile, batch_rows: float | None = None) -> float:
+    """One replica's rows/s when it runs batches of `batch_rows` (its p50 there); with no batch
+    size, the best throughput the profiler measured."""
+    if batch_rows is None:
+        return max((p.throughput_qps for p in profile.points), default=0.0)
+    rows = max(1, round(batch_rows))
+    ms = profile.latency_ms(rows, "p50")
+    return rows * 1000.0 / ms if 0.0 < ms < math.inf else 0.0
 
-    `listener` is a `Meter` listener (one dict update per query); times are the records' `at_s`,
-    so the autoscaler's clock must be the same wall clock."""
+
+@dataclass(frozen=True)
+class Demand:
+    rows_per_s: float = 0.0
+    pressure_rows_per_s: float = 0.0  # answered late, refused or expired
+    latency_target_ms: float = math.inf  # tightest asked
+    required_accuracy: float = 0.0  # highest asked
+    mean_batch_rows: float | None = None  # request-weighted, over answered queries
+
+
+class DemandWindow:
+    """Per variant, one-second buckets over the last `window_s` seconds of what the meter saw.
+
+    Times are the records' `at_s` (wall clock), so the autoscaler's clock must be the same."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         if window_s < 1.0:
             raise ValueError("window_s must be at least one second")
         self.window_s = window_s
-        self._buckets: dict[str, dict[int, int]] = {}  # variant → second → rows
-
-    def add(self, variant: str, rows: int, at_s: float) -> None:
-        buckets = self._buckets.get(variant)
-        if buckets is None:
-            buckets = self._buckets[variant] = {}
-        second = int(at_s)
-        buckets[second] = buckets.get(second, 0) + rows
+        # variant → second → [rows, pressure rows, min latency target, max accuracy, Σ batch rows, answers]
+        self._buckets: dict[str, dict[int, list[float]]] = {}
+        self.last_seen_s: dict[str, float] = {}
 
     def listener(self, record: MeterRecord) -> None:
-        # Failed queries of a routed variant count too: they are demand the replicas did not meet.
-        if record.variant:
-            self.add(record.variant, record.rows, record.at_s)
+        # Failures of a routed variant count too: they are demand its replicas did not meet.
+        if not record.variant:
+            return
+        buckets = self._buckets.setdefault(record.variant, {})
+        second = int(record.at_s)
+        b = buckets.get(second)
+        if b is None:
+            b = buckets[second] = [0.0, 0.0, math.inf, 0.0, 0.0, 0.0]
+        b[0] += record.rows
+        if record.outcome in _PRESSURE_OUTCOMES:
+            b[1] += record.rows
+        b[2] = min(b[2], record.latency_target_ms)
+        b[3] = max(b[3], record.min_accuracy)
+        if record.batch_rows:
+            b[4] += record.batch_rows
+            b[5] += 1
+        self.last_seen_s[record.variant] = max(self.last_seen_s.get(record.variant, 0.0), record.at_s)
 
-    def rows_per_s(self, variant: str, now_s: float) -> float:
-        """Mean arrival rate of `variant` over the window ending at `now_s`."""
+    def demand(self, variant: str, now_s: float) -> Demand:
         buckets = self._buckets.get(variant)
         if not buckets:
-            return 0.0
+            return Demand()
         oldest = int(now_s - self.window_s) + 1
         for second in [s for s in buckets if s < oldest]:
             del buckets[second]
-        return sum(buckets.values()) / self.window_s
+        if not buckets:
+            return Demand()
+        rows, pressure, answers, batch_rows = 0.0, 0.0, 0.0, 0.0
+        target, accuracy = math.inf, 0.0
+        for b in buckets.values():
+            rows += b[0]
+            pressure += b[1]
+            target = min(target, b[2])
+            accuracy = max(accuracy, b[3])
+            batch_rows += b[4]
+            answers += b[5]
+        return Demand(
+            rows / self.window_s,
+            pressure / self.window_s,
+            target,
+            accuracy,
+            batch_rows / answers if answers else None,
+        )
+
+
+class FleetCost:
+    """What the loaded replicas cost: Σ replicas × price of the resources each holds × seconds."""
+
+    def __init__(self) -> None:
+        self.usd: dict[str, float] = {}  # variant → USD so far
+        self.usd_per_s: dict[str, float] = {}  # variant → USD/s now
+        self._last_s: float | None = None
+
+    def tick(self, usd_per_s: dict[str, float], now_s: float) -> None:
+        """Charge the rates of the last interval, then take `usd_per_s` as the current ones."""
+        if self._last_s is not None:
+            dt = max(0.0, now_s - self._last_s)
+            for name, rate in self.usd_per_s.items():
+                self.usd[name] = self.usd.get(name, 0.0) + rate * dt
+        self._last_s = now_s
+        self.usd_per_s = {name: rate for name, rate in usd_per_s.items() if rate > 0}
+
+    @property
+    def total_usd(self) -> float:
+        return sum(self.usd.values())
+
+    @property
+    def total_usd_per_hour(self) -> float:
+        return sum(self.usd_per_s.values()) * 3600.0
 
 
 class Autoscaler:
-    """Scales the variants of `pool` to their load; see the module docstring.
+    """Scales the fleet to its load; see the module docstring.
 
-    `variants` returns the variants the service knows with their usable profiles (the router's
-    snapshot: profiles from other machines or failed ones come as None and are not scaled).
-    `clock` is wall-clock seconds, the clock of the meter records `arrivals` counts."""
+    `catalog` returns the variants the service knows with their usable profiles and `tasks` the
+    task of each architecture (the router's snapshot); `queue_age_ms` the batcher's oldest waiting
+    request per variant; `resources` (total, available) vCPUs and GPUs of the cluster."""
 
     def __init__(
         self,
-        pool: WorkerPool,
-        variants: Callable[[], Mapping[str, tuple[Variant, Profile | None]]],
-        arrivals: ArrivalWindow,
+        placement: Placement,
+        catalog: Callable[[], Catalog],
+        tasks: Callable[[], dict[str, str]],
+        demand: DemandWindow,
         *,
         config: AutoscalingConfig | None = None,
+        queue_age_ms: Callable[[str], float] = lambda _: 0.0,
+        resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None,
         clock: Callable[[], float] = time.time,
         interval_s: float = 1.0,
-        local: WorkerPool | None = None,
     ) -> None:
-        self._pool = pool
-        self._variants = variants
-        self._arrivals = arrivals
-        self._config = config or AutoscalingConfig()
+        self._placement = placement
+        self._catalog = catalog
+        self._tasks = tasks
+        self._demand = demand
+        self.config = config or AutoscalingConfig()
+        self._queue_age_ms = queue_age_ms
+        self._resources = resources or _local_resources
         self._clock = clock
-        self._local = local
         self._state = ScalingState()
+        self._first_seen_s: dict[str, float] = {}  # architecture → when this loop first saw it
+        self.cost = FleetCost()
+        self._events = EventLog()
+        self._failing: dict[tuple[str, str], str] = {}  # (action, variant) → its last failure
         self._loop = Periodic("autoscaler", interval_s, self.tick)
 
-    def loads(self, now_s: float) -> list[VariantLoad]:
-        """What `decide` sees now: one load per variant with replicas in the pool."""
-        loads = []
-        for name, (_, profile) in self._variants().items():
-            replicas = self._pool.replicas(name)
-            if replicas == 0 or profile is None:
+    def snapshot(self, now_s: float) -> FleetSnapshot:
+        """What `decide` sees now."""
+        catalog = self._catalog()
+        tasks = self._tasks()
+        for arch in tasks:
+            self._first_seen_s.setdefault(arch, now_s)
+        last_active: dict[str, float] = dict(self._first_seen_s)
+        for name, (variant, _) in catalog.items():
+            seen = self._demand.last_seen_s.get(name)
+            if seen is not None and seen > last_active.get(variant.architecture, -math.inf):
+                last_active[variant.architecture] = seen
+        floors = set(cheapest_variants(catalog, set(tasks)).values())
+        states: list[VariantState] = []
+        held_cpus = held_gpus = 0.0
+        for name, (variant, profile) in catalog.items():
+            if profile is None or variant.architecture not in tasks:
                 continue
-            if self._local is not None and self._local.is_loaded(name):
-                continue
-            loads.append(
-                VariantLoad(
-                    variant=name,
-                    arrival_rows_per_s=self._arrivals.rows_per_s(name, now_s),
-                    capacity_rows_per_s=capacity_rows_per_s(profile),
+            replicas = self._placement.replicas(name)
+            remote = self._placement.path(name) == "remote"
+            cpus, gpus = _holds(variant)
+            if remote:
+                held_cpus += replicas * cpus
+                held_gpus += replicas * gpus
+            d = self._demand.demand(name, now_s)
+            states.append(
+                VariantState(
+                    name=name,
+                    task=tasks[variant.architecture],
+                    architecture=variant.architecture,
                     replicas=replicas,
+                    capacity_rows_per_s=capacity_rows_per_s(profile, d.mean_batch_rows),
+                    accuracy=profile.accuracy,
+                    price_usd_per_s=profile.price_usd_per_s,
+                    cpus=cpus,
+                    gpus=gpus,
+                    remote=remote,
+                    arrival_rows_per_s=d.rows_per_s,
+                    pressure_rows_per_s=d.pressure_rows_per_s,
+                    queue_age_ms=self._queue_age_ms(name) if replicas else 0.0,
+                    latency_target_ms=d.latency_target_ms,
+                    required_accuracy=d.required_accuracy,
+                    floor=name in floors,
+                    active=now_s - last_active.get(variant.architecture, -math.inf) <= self.config.warm_ttl_s,
                 )
             )
-        return loads
+        (total_cpus, total_gpus), (avail_cpus, avail_gpus) = self._resources()
+        return FleetSnapshot(
+            variants=tuple(states),
+            free_cpus=max(0.0, min(avail_cpus, total_cpus - held_cpus)),
+            free_gpus=max(0.0, min(avail_gpus, total_gpus - held_gpus)),
+        )
 
-    async def tick(self) -> list[ScaleDecision]:
-        """One round: observe, decide, apply. Returns the decisions taken."""
+    async def tick(self) -> list[Action]:
+        """One round: observe, decide, apply, account. Returns the actions taken."""
         now_s = self._clock()
-        loads = {load.variant: load for load in self.loads(now_s)}
-        decisions, self._state = decide(list(loads.values()), self._config, self._state, now_s)
-        variants = self._variants()
-        for decision in decisions:
-            await self._apply(variants[decision.variant][0], loads[decision.variant].replicas, decision)
-        return decisions
+        snap = self.snapshot(now_s)
+        actions, self._state = decide(snap, self.config, self._state, now_s)
+        catalog = self._catalog()
+        for action in actions:
+            variant, profile = catalog[action.variant]
+            await self._apply(action, variant, profile)
+        self.cost.tick(
+            {
+                name: self._placement.replicas(name) * profile.price_usd_per_s
+                for name, (_, profile) in catalog.items()
+                if profile is not None
+            },
+            now_s,
+        )
+        return actions
 
-    async def _apply(self, variant: Variant, replicas: int, decision: ScaleDecision) -> None:
-        reason = f"autoscaler: {replicas} → {decision.replicas} replicas: {decision.reason}"
+    async def _apply(self, action: Action, variant: Variant, profile: Profile | None) -> None:
+        reason = f"{action.before} → {action.replicas} replica(s): {action.reason}"
         try:
-            if decision.replicas > replicas:
-                for _ in range(decision.replicas - replicas):
-                    await self._pool.replicate(variant, reason=reason)
-            elif decision.replicas == 0:
-                await self._pool.unload(variant.name, reason=reason)
-            else:
-                holders = [w.worker_id for w in self._pool.fleet() if variant.name in w.loaded]
-                for worker_id in holders[decision.replicas :]:
-                    await self._pool.unload(variant.name, worker_id, reason=reason)
-        except Unavailable as exc:
-            # No room for another replica: the next round asks again with the replicas there are.
-            log.info("autoscaler could not apply %s: %s", reason, exc)
+            if action.kind == "replicate":
+                for _ in range(action.replicas - action.before):
+                    await self._placement.replicate(variant, reason=f"autoscaler {action.kind}")
+            elif action.kind in ("upgrade", "keep_warm"):
+                self._placement.place(variant, profile)
+                await self._placement.ensure_loaded(variant)
+            elif action.kind == "remove":
+                holders = [w.worker_id for w in self._placement.fleet() if variant.name in w.loaded]
+                for worker_id in holders[action.replicas :]:
+                    await self._placement.unload(variant.name, worker_id, reason=f"autoscaler {action.kind}")
+            else:  # downgrade, unload
+                await self._placement.unload(variant.name, reason=f"autoscaler {action.kind}")
+        except InfaasError as exc:
+            # No room after all (another front end took it, a load failed): the next round asks
+            # again with the fleet as it is then; the same failure is reported once.
+            key = (action.kind, variant.name)
+            if self._failing.get(key) != exc.message:
+                self._failing[key] = exc.message
+                log.warning("autoscaler could not %s %s: %s", action.kind, variant.name, exc.message)
+                self._events.add(action.kind, variant.name, None, f"failed: {exc.message}; wanted {reason}")
+            return
+        self._failing.pop((action.kind, variant.name), None)
+        self._events.add(action.kind, variant.name, None, reason)
+
+    def events(self, limit: int = 50) -> list[FleetEvent]:
+        """The actions taken, newest last."""
+        return self._events.recent(limit)
 
     def start(self) -> None:
         """Run `tick` every `interval_s` (call from the running event loop)."""
@@ -149,3 +295,17 @@ class Autoscaler:
 
     async def close(self) -> None:
         await self._loop.close()
+
+
+def _holds(variant: Variant) -> tuple[float, float]:
+    """(vCPUs, GPUs) one replica of `variant` holds."""
+    if variant.spec.hardware == "gpu":
+        return 0.0, 1.0
+    return float(variant.spec.threads), 0.0
+
+
+def _local_resources() -> tuple[tuple[float, float], tuple[float, float]]:
+    import os
+
+    cpus = float(os.cpu_count() or 1)
+    return (cpus, 0.0), (cpus, 0.0)

@@ -26,11 +26,11 @@ from infaas.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailabl
 from infaas.policy.batching import BatchParams, decide, predicted_queue_delay_ms
 from infaas.types import Profile, Variant
 from infaas.workers.base import BatchResult, WorkerPool
+from infaas.workers.placement import Placement
 
 __all__ = ["AsyncBatcher", "LoopTimer", "ManualTimer", "Timer", "TimerHandle"]
 
 _OVERHEAD_EWMA_ALPHA = 0.1
-_INLINE_RUNTIMES = frozenset({"onnxruntime", "sklearn"})
 
 
 class TimerHandle(Protocol):
@@ -143,12 +143,8 @@ class AsyncBatcher:
     until the first batches measure it; afterwards it follows an exponential average of
     ``run_ms - profile p50``. `batching=False` sends every request alone (benchmarks).
 
-    `local` (optional, usually an `InProcessPool`) runs batches in the front end's own process when
-    the hop would cost more than the work: an ONNX Runtime or scikit-learn variant whose profile
-    says the batch takes at most `inline_max_ms` (p99) and which holds at most
-    `inline_max_memory_mb`. A Ray actor call costs ~0.8–1 ms of latency and ~0.3 ms of CPU here;
-    a 64-feature MLP answers in ~10 µs. Everything else, and anything the local pool fails on,
-    goes to `pool`."""
+    `pool` is where batches run: a `Placement` (front end or Ray replica, decided there), or any
+    `WorkerPool`, which is then the only path."""
 
     def __init__(
         self,
@@ -159,14 +155,8 @@ class AsyncBatcher:
         max_queue_rows: int = 4096,
         initial_overhead_ms: float = 1.0,
         batching: bool = True,
-        local: WorkerPool | None = None,
-        inline_max_ms: float = 0.25,
-        inline_max_memory_mb: float = 64.0,
     ) -> None:
-        self._pool = pool
-        self._local = local
-        self._inline_max_ms = inline_max_ms
-        self._inline_max_memory_mb = inline_max_memory_mb
+        self._pool = Placement.wrap(pool)
         self._timer: Timer = timer or LoopTimer()
         self._max_in_flight = max_in_flight  # per replica
         self._max_queue_rows = max_queue_rows
@@ -182,10 +172,13 @@ class AsyncBatcher:
 
     # ---- parameters -------------------------------------------------------------------------
 
-    def default_params(self, variant: Variant) -> BatchParams:
+    def default_params(self, variant: Variant, max_rows: int | None = None) -> BatchParams:
+        """The variant's max batch (or the smaller `max_rows` its path takes), `max_in_flight`
+        batches per replica."""
         if not self._batching:
             return BatchParams(max_batch=1, max_in_flight=1024)
-        return BatchParams(max_batch=variant.spec.max_batch, max_in_flight=self._max_in_flight)
+        max_batch = min(variant.spec.max_batch, max_rows or variant.spec.max_batch)
+        return BatchParams(max_batch=max_batch, max_in_flight=self._max_in_flight)
 
     def set_params(self, variant: str, params: BatchParams) -> None:
         """Per-variant batching parameters (override the variant's max batch or its in-flight cap)."""
@@ -220,12 +213,13 @@ class AsyncBatcher:
                 variant=variant.name,
                 retry_after_s=round(wait_ms / 1000.0, 3),
             )
-        if queue is None:
-            params = self._overrides.get(variant.name) or self.default_params(variant)
-            queue = _VariantQueue(variant, profile, params, self._initial_overhead_ms)
-            self._queues[variant.name] = queue
-        else:
-            queue.profile = profile
+        if queue is None or queue.profile is not profile:
+            where = self._pool.place(variant, profile)
+            params = self._overrides.get(variant.name) or self.default_params(variant, where.max_rows)
+            if queue is None:
+                queue = _VariantQueue(variant, profile, params, self._initial_overhead_ms)
+                self._queues[variant.name] = queue
+            queue.profile, queue.params = profile, params
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         queue.push(_Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future))
         if not queue.pump_scheduled:
@@ -242,8 +236,6 @@ class AsyncBatcher:
         if name in self._overrides or not self._batching:
             return queue.params
         replicas = self._pool.replicas(name)
-        if self._local is not None:
-            replicas = max(replicas, self._local.replicas(name))
         cap = max(1, replicas) * self._max_in_flight
         if cap != queue.params.max_in_flight:
             queue.params = BatchParams(max_batch=queue.params.max_batch, max_in_flight=cap)
@@ -309,8 +301,7 @@ class AsyncBatcher:
         sent_s = self._timer.now_s()
         try:
             inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([p.inputs for p in batch])
-            inline = self._inline(queue, int(inputs.shape[0]))
-            outputs = await self._execute(queue.variant, inputs, inline)
+            outputs = await self._pool.run(queue.variant, inputs)
             if outputs.shape[0] != inputs.shape[0]:
                 raise Unavailable(
                     f"worker returned {outputs.shape[0]} rows for a batch of {inputs.shape[0]}",
@@ -334,7 +325,7 @@ class AsyncBatcher:
         done_s = self._timer.now_s()
         run_ms = (done_s - sent_s) * 1000.0
         rows = int(inputs.shape[0])
-        if not inline:  # the deadline rule must budget for the hop whenever a batch may take it
+        if self._pool.path(queue.variant.name) == "remote":  # the deadline rule budgets for the hop
             measured_overhead_ms = run_ms - queue.profile.latency_ms(rows, "p50")
             queue.overhead_ms += _OVERHEAD_EWMA_ALPHA * (max(0.0, measured_overhead_ms) - queue.overhead_ms)
         offset = 0
@@ -352,33 +343,10 @@ class AsyncBatcher:
                     )
                 )
 
-    def _inline(self, queue: _VariantQueue, rows: int) -> bool:
-        return self._runs_inline(queue.variant, queue.profile, rows)
-
-    def _runs_inline(self, variant: Variant, profile: Profile, rows: int) -> bool:
-        return (
-            self._local is not None
-            and variant.spec.runtime in _INLINE_RUNTIMES
-            and variant.spec.hardware == "cpu"
-            and profile.status == "ok"
-            and 0.0 < profile.memory_mb <= self._inline_max_memory_mb
-            and profile.latency_ms(rows, "p99") <= self._inline_max_ms
-        )
-
-    async def _execute(self, variant: Variant, inputs: np.ndarray, inline: bool) -> np.ndarray:
-        if inline and self._local is not None:
-            try:
-                return await self._local.run(variant, inputs)
-            except Unavailable:
-                pass  # e.g. the artifact is not readable here: the workers still serve it
-        return await self._pool.run(variant, inputs)
-
     async def warm(self, variant: Variant, profile: Profile) -> None:
-        """Load `variant` where a single-row batch of it would run."""
-        if self._local is not None and self._runs_inline(variant, profile, 1):
-            await self._local.ensure_loaded(variant)
-        else:
-            await self._pool.ensure_loaded(variant)
+        """Load `variant` where its batches will run (`Placement.place`)."""
+        self._pool.place(variant, profile)
+        await self._pool.ensure_loaded(variant)
 
     # ---- what the router and the dashboard read ---------------------------------------------
 
@@ -390,6 +358,13 @@ class AsyncBatcher:
         now_s = self._timer.now_s()
         remaining_ms = [(finish_s - now_s) * 1000.0 for finish_s in queue.in_flight.values()]
         return predicted_queue_delay_ms(queue.queued_rows, remaining_ms, queue.latency_ms, queue.params)
+
+    def oldest_age_ms(self, variant: str) -> float:
+        """How long the oldest request waiting for `variant` has waited (0 when none waits)."""
+        queue = self._queues.get(variant)
+        if queue is None or not queue.pending:
+            return 0.0
+        return (self._timer.now_s() - queue.pending[0].enqueued_s) * 1000.0
 
     def overhead_ms(self, variant: str) -> float:
         """Measured overhead of the pool call beyond the profile's p50 (the Ray hop, mostly)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from infaas.types import (
     COUNTER_SLO_MET,
     COUNTER_SLO_MISSED,
     PUSD_PER_USD,
+    SLO,
     Profile,
     UsageDelta,
     UsageKey,
@@ -105,6 +107,8 @@ class MeterRecord:
     slo_met: bool
     at_s: float
     error: str | None = None  # the error code of a failed query
+    latency_target_ms: float = math.inf  # the query's targets, for the autoscaler's demand view
+    min_accuracy: float = 0.0
 
 
 def _counters(rows: int, cost_pusd: int, slo_met: bool, latency_ms: float) -> dict[str, int]:
@@ -176,6 +180,7 @@ class Meter:
         latency_ms: float,
         slo_met: bool,
         now_s: float,
+        slo: SLO | None = None,
     ) -> MeterRecord:
         """Count one answered query (charged `cost_pusd`) in the minute of `now_s`."""
         minute = int(now_s // 60)
@@ -199,6 +204,8 @@ class Meter:
             batch_rows=batch_rows,
             slo_met=slo_met,
             at_s=now_s,
+            latency_target_ms=slo.latency_ms if slo is not None else math.inf,
+            min_accuracy=slo.min_accuracy if slo is not None else 0.0,
         )
         self._notify(record)
         return record
@@ -214,6 +221,7 @@ class Meter:
         error: str,
         now_s: float,
         counted: Literal["refused", "failed"] | None = None,
+        slo: SLO | None = None,
     ) -> MeterRecord:
         """Tell listeners about a failed query. Nothing is charged. A query the service refused
         as overloaded (`counted="refused"`) or failed on its side (`"failed"`) is counted in the
@@ -235,6 +243,8 @@ class Meter:
             slo_met=False,
             at_s=now_s,
             error=error,
+            latency_target_ms=slo.latency_ms if slo is not None else math.inf,
+            min_accuracy=slo.min_accuracy if slo is not None else 0.0,
         )
         self._notify(record)
         return record

@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from infaas import errors
+from infaas.autoscaler import FleetCost
 from infaas.metering import MeterRecord
 from infaas.store import MetadataStore
 from infaas.types import LATENCY_BUCKETS_MS, pusd_to_usd
@@ -146,10 +147,14 @@ class _FleetCollector(Collector):
     """Gauges read from the pool and the batcher at scrape time (they own the live state)."""
 
     def __init__(
-        self, sources: Callable[[], tuple[FleetSource | None, Batcher | None]], variants: LabelBounds
+        self,
+        sources: Callable[[], tuple[FleetSource | None, Batcher | None]],
+        variants: LabelBounds,
+        costs: Callable[[], FleetCost | None],
     ) -> None:
         self._sources = sources
         self._variants = variants
+        self._costs = costs
 
     def collect(self) -> Iterator[Metric]:
         pool, batcher = self._sources()
@@ -181,6 +186,42 @@ class _FleetCollector(Collector):
             budget.add_metric([worker.worker_id], worker.memory_budget_mb * 1024 * 1024)
             up.add_metric([worker.worker_id], 1.0 if worker.alive else 0.0)
         yield from (loaded, used, budget, up)
+        yield from self._fleet_cost(pool)
+
+    def _fleet_cost(self, pool: FleetSource | None) -> Iterator[Metric]:
+        replicas = GaugeMetricFamily(
+            "infaas_variant_replicas", "Replicas of each loaded variant.", labels=["variant"]
+        )
+        counts: dict[str, int] = defaultdict(int)
+        for worker in pool.fleet() if pool is not None else []:
+            for name in worker.loaded:
+                counts[self._variants(name)] += 1
+        for variant, n in sorted(counts.items()):
+            replicas.add_metric([variant], n)
+        yield replicas
+        held = CounterMetricFamily(
+            "infaas_fleet_cost_usd",
+            "What the replicas' resources cost so far (replica-seconds × price), per variant.",
+            labels=["variant"],
+        )
+        rate = GaugeMetricFamily(
+            "infaas_fleet_cost_usd_per_hour",
+            "What the replicas held now cost per hour, per variant.",
+            labels=["variant"],
+        )
+        cost = self._costs()
+        if cost is not None:
+            usd: dict[str, float] = defaultdict(float)
+            per_hour: dict[str, float] = defaultdict(float)
+            for name, value in cost.usd.items():
+                usd[self._variants(name)] += value
+            for name, value in cost.usd_per_s.items():
+                per_hour[self._variants(name)] += value * 3600.0
+            for variant, value in sorted(usd.items()):
+                held.add_metric([variant], value)
+            for variant, value in sorted(per_hour.items()):
+                rate.add_metric([variant], value)
+        yield from (held, rate)
 
 
 def _known_tasks(store: MetadataStore) -> Callable[[], list[str]]:
@@ -205,6 +246,7 @@ class Metrics:
         sources: Callable[[], tuple[FleetSource | None, Batcher | None]] = lambda: (None, None),
         max_label_values: int = 1000,
         catalog: Callable[[], tuple[Iterable[str], Iterable[str]]] | None = None,
+        costs: Callable[[], FleetCost | None] = lambda: None,
     ) -> None:
         """`catalog` (task names, variant names) replaces the store as the source of known names:
         the app passes the router's snapshot, so a label miss never waits on the store."""
@@ -240,7 +282,7 @@ class Metrics:
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram, Histogram]] = {}
         self._cost = _CostCollector()
         self.registry.register(self._cost)
-        self.registry.register(_FleetCollector(sources, self.variants))
+        self.registry.register(_FleetCollector(sources, self.variants, costs))
 
     def observe_query(
         self,

@@ -12,9 +12,10 @@ It keeps three things current and hands them to the pure policy on every query:
   batcher);
 - the *path's overhead*: what the service adds on top of the profiled run time (parsing, the
   batching wait beyond prediction, the Ray hop, the reply), measured on every answered query as
-  ``latency_ms - (profile p99 + predicted queueing)`` and kept, per runtime, as a high quantile
-  over a sliding window (`OverheadTracker`). Adding that quantile to every prediction is what
-  makes ``slo_met`` hold for the great majority of answers, not just the model's own p99.
+  ``latency_ms - (profile p99 + predicted queueing)`` and kept, per path (the front end, or a Ray
+  runtime family), as a high quantile over a sliding window (`OverheadTracker`). Adding that
+  quantile to every prediction is what makes ``slo_met`` hold for the great majority of answers,
+  not just the model's own p99.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ from infaas.quarantine import Quarantine
 from infaas.store import MetadataStore
 from infaas.types import SLO, Architecture, FleetEvent, MachineInfo, Profile, Task, Variant
 from infaas.workers.base import Batcher, WorkerPool
+from infaas.workers.placement import Placement
 from profiler.machine import is_foreign, local_machine
 
-__all__ = ["OverheadTracker", "Routed", "Router", "Snapshot"]
+__all__ = ["Catalog", "OverheadTracker", "Routed", "Router", "Snapshot", "cheapest_variants"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,24 @@ def _quantile(values: np.ndarray, q: float) -> float:
     return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
 
 
+Catalog = dict[str, tuple[Variant, Profile | None]]
+"""Variants by name with their usable profile (None: not usable here)."""
+
+
+def cheapest_variants(variants: Catalog, architectures: set[str]) -> dict[str, str]:
+    """Per architecture, its profiled variant with the lowest cost per query (the one warm-up
+    loads and the warm floor keeps)."""
+    cheapest: dict[str, tuple[float, str]] = {}
+    for name, (variant, profile) in variants.items():
+        if profile is None or variant.architecture not in architectures:
+            continue
+        cost = profile.cost_usd_per_1k(1)
+        best = cheapest.get(variant.architecture)
+        if best is None or (cost, name) < best:
+            cheapest[variant.architecture] = (cost, name)
+    return {arch: name for arch, (_, name) in cheapest.items()}
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything selection needs from the store, immutable; swapped whole on change."""
@@ -149,7 +169,7 @@ class Snapshot:
     fingerprint: str
     tasks: dict[str, Task]
     architectures: dict[str, Architecture]
-    variants: dict[str, tuple[Variant, Profile | None]]
+    variants: Catalog
     by_task: dict[str, VariantTable]
     by_architecture: dict[str, VariantTable]
     excluded: dict[str, str] = field(default_factory=dict)  # variant → why its profile is not used
@@ -247,7 +267,6 @@ class Router:
         pool: WorkerPool,
         batcher: Batcher,
         *,
-        local: WorkerPool | None = None,
         overhead_factory: Callable[[], OverheadTracker] = OverheadTracker,
         refresh_interval_s: float = 2.0,
         miss_refresh_interval_s: float = 0.5,
@@ -263,12 +282,11 @@ class Router:
         self._quarantine_seen = (-1, float("inf"))
         self._on_event = on_event
         self._machine = machine if machine is not None else local_machine()
-        self._pool = pool
-        # The batcher's in-process pool for sub-hop variants: a variant loaded there is warm too.
-        self._local = local
+        # Share the batcher's `Placement` (pass the same one to both) to see its local path too.
+        self._pool = Placement.wrap(pool)
         self._batcher = batcher
-        # One estimate per runtime: a TensorFlow worker under load adds far more than an ONNX
-        # Runtime one, and one global figure would price every variant at the worst runtime's.
+        # One estimate per path (`Placement.overhead_key`: the front end's, or a Ray runtime
+        # family's): one global figure would price every variant at the worst path's.
         self._overhead_factory = overhead_factory
         self.overheads: dict[str, OverheadTracker] = {}
         self._miss_refresh_interval_s = miss_refresh_interval_s
@@ -443,22 +461,17 @@ class Router:
     def _loaded_names(self, table: VariantTable, now_s: float) -> frozenset[str]:
         cached = self._loaded.get(id(table))
         if cached is None or now_s - cached.at_s > self._loaded_ttl_s:
-            local = self._local
-            names = frozenset(
-                n
-                for n in table.variants
-                if self._pool.is_loaded(n) or (local is not None and local.is_loaded(n))
-            )
+            names = frozenset(n for n in table.variants if self._pool.is_loaded(n))
             cached = self._loaded[id(table)] = _LoadedCache(at_s=now_s, names=names)
         return cached.names
 
-    def overhead_ms(self, runtime: str) -> float:
-        """The measured path overhead of variants of one runtime (the prior until measured)."""
-        tracker = self.overheads.get(runtime)
+    def overhead_ms(self, key: str) -> float:
+        """The measured overhead of one path (`Placement.overhead_key`; the prior until measured)."""
+        tracker = self.overheads.get(key)
         return tracker.value_ms if tracker is not None else DEFAULT_OVERHEAD_MS
 
     def live_state(self, table: VariantTable, now_s: float) -> LiveState:
-        """Loaded variants, and per live variant its queueing delay plus how much its runtime's
+        """Loaded variants, and per live variant its queueing delay plus how much its path's
         overhead exceeds the smallest (the policy adds that smallest to every variant)."""
         return self._live(table, now_s)[0]
 
@@ -472,7 +485,7 @@ class Router:
         variants = self._snapshot.variants
         for name in loaded.union(self._batcher.queue_depths()):
             if name in table:
-                extra_ms = self.overhead_ms(variants[name][0].spec.runtime) - base_ms
+                extra_ms = self.overhead_ms(self._pool.overhead_key(variants[name][0])) - base_ms
                 queue_ms[name] = self._batcher.queue_delay_ms(name)
                 delay = queue_ms[name] + extra_ms
                 if delay > 0.0:
@@ -538,10 +551,10 @@ class Router:
         return self._routed(result, task, live, queue_ms, rows)
 
     def _probe(self, variant: str, now_s: float) -> bool:
-        """Admit one refused query per `PROBE_INTERVAL_S` and runtime anyway: refusals add no
+        """Admit one refused query per `PROBE_INTERVAL_S` and path anyway: refusals add no
         answers, and without answers the overhead estimate that refuses them could not learn
         that the cause (a burst, a pause) is gone."""
-        tracker = self.overheads.get(self._snapshot.variants[variant][0].spec.runtime)
+        tracker = self.overheads.get(self._pool.overhead_key(self._snapshot.variants[variant][0]))
         if tracker is None or now_s - tracker.last_s < PROBE_INTERVAL_S:
             return False
         tracker.last_s = now_s
@@ -676,10 +689,10 @@ class Router:
         """Learn from an answered query: how far the measured latency was above the profile's
         run time plus the predicted queueing. Cold loads are one-off and left out."""
         if not routed.cold:
-            runtime = routed.variant.spec.runtime
-            tracker = self.overheads.get(runtime)
+            key = self._pool.overhead_key(routed.variant)
+            tracker = self.overheads.get(key)
             if tracker is None:
-                tracker = self.overheads[runtime] = self._overhead_factory()
+                tracker = self.overheads[key] = self._overhead_factory()
             tracker.observe(latency_ms - routed.expected_ms, now_s)
 
     def warm_up(self) -> list[str]:
@@ -692,16 +705,7 @@ class Router:
         return names
 
     def _cheapest(self, architectures: set[str]) -> dict[str, str]:
-        """Per architecture, its profiled variant with the lowest cost per query."""
-        cheapest: dict[str, tuple[float, str]] = {}
-        for name, (variant, profile) in self._snapshot.variants.items():
-            if profile is None or variant.architecture not in architectures:
-                continue
-            cost = profile.cost_usd_per_1k(1)
-            best = cheapest.get(variant.architecture)
-            if best is None or (cost, name) < best:
-                cheapest[variant.architecture] = (cost, name)
-        return {arch: name for arch, (_, name) in cheapest.items()}
+        return cheapest_variants(self._snapshot.variants, architectures)
 
     @property
     def warming_up(self) -> int:

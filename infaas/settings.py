@@ -34,7 +34,25 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
     autoscale_interval_s: float = Field(default=1.0, ge=0, description="Autoscaler round; 0: off.")
     autoscale_downscale_delay_s: float = Field(
-        default=60.0, ge=0, description="How long a variant stays idle before its replicas are unloaded."
+        default=30.0,
+        ge=0,
+        description="Hold-down: how long fewer replicas (or a cheaper variant) must suffice before the "
+        "autoscaler removes any; also the quiet time after a scale-up before anything goes down.",
+    )
+    autoscale_upscale_delay_s: float = Field(
+        default=2.0, ge=0, description="How long a variant must need more capacity before it gets it."
+    )
+    autoscale_target_utilization: float = Field(
+        default=0.7, gt=0, le=1, description="Arrival rate ÷ capacity the autoscaler keeps each variant at."
+    )
+    max_replicas_per_variant: int | None = Field(
+        default=None, ge=1, description="Replicas of one variant; unset: as many as free resources allow."
+    )
+    warm_ttl_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Warm floor: the cheapest variant of every architecture with traffic (or registered) "
+        "within this many seconds stays loaded.",
     )
     store_timeout_s: float = Field(
         default=2.0, gt=0, description="Bound on each store call (Redis socket, SQLite lock wait)."

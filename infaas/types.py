@@ -358,7 +358,21 @@ class FleetEvent(_Value):
     """A routing, loading, eviction or scaling decision, with its reason, for the fleet view."""
 
     at_s: float
-    kind: Literal["route", "load", "evict", "replicate", "unload", "crash", "retry", "quarantine"]
+    kind: Literal[
+        "route",
+        "load",
+        "evict",
+        "replicate",
+        "unload",
+        "crash",
+        "retry",
+        "quarantine",
+        "place",
+        "upgrade",
+        "downgrade",
+        "remove",
+        "keep_warm",
+    ]
     variant: str
     worker_id: str | None = None
     reason: str

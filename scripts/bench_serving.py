@@ -11,7 +11,7 @@ infaas-service-nojournal  the same with the usage journal off (INFAAS_USAGE_JOUR
              journaling every charge before answering costs
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
              (`AsyncBatcher`) → `RayPool`, with the front-end fast path for sub-hop variants
-             (`local=InProcessPool`): this 10 µs model then runs in the front end
+             (`Placement(pool, InProcessPool)`): this 10 µs model then runs in the front end
 infaas-ray   the same with every batch through a Ray actor (one call per batch)
 infaas-nobatch  the same as infaas-ray with batching off: one Ray actor call per request
 
@@ -181,6 +181,7 @@ def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool) -> None
     from infaas.settings import Settings
     from infaas.types import Profile, Variant
     from infaas.workers.inprocess import InProcessPool
+    from infaas.workers.placement import Placement
     from infaas.workers.ray_pool import RayPool
 
     variant = Variant.model_validate_json((workdir / "variant.json").read_text())
@@ -193,12 +194,12 @@ def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool) -> None
         pool = RayPool(settings, artifacts_dir=workdir / "artifacts")
         await pool.ensure_loaded(variant)
         local = InProcessPool(workdir / "artifacts", memory_budget_mb=256.0) if inline else None
-        state["batcher"] = AsyncBatcher(pool, batching=batching, local=local)
+        placement = Placement(pool, local)
+        state["batcher"] = AsyncBatcher(placement, batching=batching)
         yield
         await state["batcher"].close()
+        await placement.close()
         await pool.close()
-        if local is not None:
-            await local.close()
 
     app = FastAPI(lifespan=lifespan)
 

@@ -20,7 +20,7 @@ from infaas.api.limits import BodyLimit
 from infaas.api.openapi import install_openapi
 from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
 from infaas.api.routes import models as model_routes
-from infaas.autoscaler import ArrivalWindow, Autoscaler
+from infaas.autoscaler import Autoscaler, DemandWindow
 from infaas.batching import AsyncBatcher
 from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
@@ -36,6 +36,7 @@ from infaas.store import MetadataStore, open_store
 from infaas.types import MachineInfo
 from infaas.workers.base import WorkerPool
 from infaas.workers.inprocess import InProcessPool
+from infaas.workers.placement import Placement
 from profiler.process import ProcessProfiler
 
 __all__ = ["create_app"]
@@ -93,26 +94,27 @@ def create_app(
             )
         # The query path: worker pool (a lean local Ray unless settings.ray_address) → batcher →
         # router; the meter flushes usage in the background and once more at shutdown.
-        local: InProcessPool | None = None
+        resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None
         if pool is None:
             from infaas.workers.ray_pool import RayPool  # only this path imports ray
 
-            the_pool: WorkerPool = RayPool(settings)
+            ray_pool = RayPool(settings)
+            resources = ray_pool.resources
             # Variants faster than the Ray hop (~10 µs ONNX models) answer in the front end.
-            local = InProcessPool(settings.artifacts_dir, memory_budget_mb=256.0)
+            the_pool: WorkerPool = ray_pool
+            placement = Placement(ray_pool, InProcessPool(settings.artifacts_dir, memory_budget_mb=256.0))
         else:
             the_pool = pool
+            placement = Placement.wrap(pool)
         batcher = AsyncBatcher(
-            the_pool,
-            local=local,
+            placement,
             max_in_flight=settings.batches_in_flight_per_replica,
             max_queue_rows=settings.max_queue_rows,
         )
         the_router = Router(
             the_store,
-            the_pool,
+            placement,
             batcher,
-            local=local,
             machine=machine,
             quarantine=Quarantine(settings.quarantine_after_failures, settings.quarantine_backoff_s),
             on_event=app.state.route_log.add,
@@ -121,23 +123,31 @@ def create_app(
         the_router.refresh()
         the_router.start()
         the_router.warm_up()
-        # Replicates hot variants and unloads cold ones, from the arrivals the meter sees.
-        arrivals = ArrivalWindow()
-        meter.add_listener(arrivals.listener)
+        # Replicates, upgrades, downgrades and unloads from the demand the meter sees.
+        demand = DemandWindow()
+        meter.add_listener(demand.listener)
         autoscaler = Autoscaler(
-            the_pool,
+            placement,
             lambda: the_router.snapshot.variants,
-            arrivals,
-            config=AutoscalingConfig(downscale_delay_s=settings.autoscale_downscale_delay_s),
+            lambda: {a.name: a.task for a in the_router.snapshot.architectures.values()},
+            demand,
+            config=AutoscalingConfig(
+                target_utilization=settings.autoscale_target_utilization,
+                max_replicas=settings.max_replicas_per_variant,
+                upscale_delay_s=settings.autoscale_upscale_delay_s,
+                downscale_delay_s=settings.autoscale_downscale_delay_s,
+                warm_ttl_s=settings.warm_ttl_s,
+            ),
+            queue_age_ms=batcher.oldest_age_ms,
+            resources=resources,
             interval_s=settings.autoscale_interval_s,
-            local=local,
         )
         if settings.autoscale_interval_s > 0:
             autoscaler.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
-        app.state.local_pool = local
+        app.state.placement = placement
         app.state.autoscaler = autoscaler
         pool_health: Callable[[], str | None] = getattr(the_pool, "health", lambda: None)
         app.state.readiness_checks.update(
@@ -165,10 +175,9 @@ def create_app(
             meter.use_journal(None)
             if journal is not None:
                 journal.close()
-            if pool is None:
+            if pool is None:  # what was passed in is its owner's to close
+                await placement.close()
                 await the_pool.close()
-            if local is not None:
-                await local.close()
             if owned_store:
                 the_store.close()
 
@@ -195,7 +204,11 @@ def create_app(
         return (list(snap.tasks), list(snap.variants)) if snap is not None else ([], [])
 
     app.state.metrics = Metrics(
-        the_store, time.monotonic, sources=lambda: fleet.fleet_sources(app.state), catalog=catalog
+        the_store,
+        time.monotonic,
+        sources=lambda: fleet.fleet_sources(app.state),
+        catalog=catalog,
+        costs=lambda: autoscaler.cost if (autoscaler := getattr(app.state, "autoscaler", None)) else None,
     )
     app.state.meter = meter
     meter.add_listener(app.state.metrics.listener)

@@ -13,7 +13,6 @@ batch and holds it until the test releases it (to drive the batcher deterministi
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,19 +20,12 @@ import numpy as np
 
 from infaas.errors import Unavailable
 from infaas.types import FleetEvent, Variant, WorkerInfo
-from infaas.workers.residency import EventLog, Residency
+from infaas.workers.residency import EventLog, Residency, load_into
 from variants.runtimes.base import LoadedModel
 
 __all__ = ["EchoModel", "InProcessPool", "RecordingPool", "echo_outputs"]
 
 WORKER_ID = "inprocess-0"
-_MB = 1024.0 * 1024.0
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return float(psutil.Process().memory_info().rss) / _MB
 
 
 def echo_outputs(x: np.ndarray, num_classes: int) -> np.ndarray:
@@ -133,15 +125,11 @@ class InProcessPool:
             model = self._models.get(variant.name)
             if model is not None:
                 return model
-            before_mb = _rss_mb()
-            started_s = time.perf_counter()
             try:
-                model = self._loader(variant)
+                loaded = load_into(self._models, variant.name, lambda: self._loader(variant), 0.0)
             except Exception as exc:
                 raise Unavailable(f"could not load {variant.name}: {exc}", variant=variant.name) from exc
-            load_s = time.perf_counter() - started_s
-            memory_mb = max(_rss_mb() - before_mb, float(getattr(model, "memory_mb", 0.0)), 0.0)
-            evicted = self._models.add(variant.name, model, memory_mb)
+            model, load_s, memory_mb, evicted = loaded.model, loaded.load_s, loaded.memory_mb, loaded.evicted
             self._events.add(
                 "load", variant.name, WORKER_ID, f"{reason}; {load_s * 1000:.0f} ms, {memory_mb:.1f} MB"
             )

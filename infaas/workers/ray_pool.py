@@ -50,7 +50,7 @@ import numpy as np
 from infaas.errors import InfaasError, Unavailable, VariantNotFound
 from infaas.settings import Settings
 from infaas.types import FleetEvent, Variant, WorkerInfo
-from infaas.workers.residency import EventLog, Residency
+from infaas.workers.residency import EventLog, Residency, load_into, rss_mb
 
 __all__ = ["RayPool", "WorkerHost", "init_ray", "worker_group"]
 
@@ -97,12 +97,6 @@ def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
     return True
 
 
-def _rss_mb() -> float:
-    import psutil
-
-    return float(psutil.Process().memory_info().rss) / _MB
-
-
 def _import_runtime(family: str) -> None:
     """Import the family's framework up front, so the process baseline includes it and a variant's
     measured memory is its own."""
@@ -134,7 +128,7 @@ class WorkerHost:
         shutil.rmtree(self._cache, ignore_errors=True)
         self._cache.mkdir(parents=True)
         _import_runtime(family)
-        self._residency: Residency[Any] = Residency(memory_budget_mb, baseline_mb=_rss_mb())
+        self._residency: Residency[Any] = Residency(memory_budget_mb, baseline_mb=rss_mb())
         self._roots: dict[str, Path] = {}
 
     def describe(self) -> dict[str, Any]:
@@ -154,7 +148,6 @@ class WorkerHost:
         load_s = 0.0
         memory_mb = self._residency.memory_mb(variant.name)
         if variant.name not in self._residency:
-            evicted += self._drop(self._residency.make_room(max(expected_mb, len(artifact) / _MB)))
             root = self._cache / variant.sha256
             target = root / variant.artifact
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -164,13 +157,17 @@ class WorkerHost:
                     tar.extractall(target, filter="data")
             else:
                 target.write_bytes(artifact)
-            before_mb = _rss_mb()
-            started_s = time.perf_counter()
-            model = load_variant(variant, root)
-            load_s = time.perf_counter() - started_s
-            memory_mb = max(_rss_mb() - before_mb, len(artifact) / _MB)
+            size_mb = len(artifact) / _MB
+            loaded = load_into(
+                self._residency,
+                variant.name,
+                lambda: load_variant(variant, root),
+                max(expected_mb, size_mb),
+                size_mb,
+            )
+            load_s, memory_mb = loaded.load_s, loaded.memory_mb
             self._roots[variant.name] = root
-            evicted += self._drop(self._residency.add(variant.name, model, memory_mb))
+            evicted += self._drop(loaded.evicted)
         return {**self.describe(), "evicted": evicted, "load_s": load_s, "memory_mb": memory_mb}
 
     def _drop(self, evicted: list[tuple[str, Any]]) -> list[str]:
@@ -385,6 +382,17 @@ class RayPool:
 
     def events(self, limit: int = 50) -> list[FleetEvent]:
         return self._events.recent(limit)
+
+    def resources(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((total vCPUs, GPUs), (available vCPUs, GPUs)) of the cluster, as Ray reports them."""
+        import ray
+
+        total = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        available = ray.available_resources()  # type: ignore[no-untyped-call]
+        return (
+            (float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0))),
+            (float(available.get("CPU", 0.0)), float(available.get("GPU", 0.0))),
+        )
 
     def health(self) -> str | None:
         """None while the Ray this pool uses is up, else what went wrong. For a local Ray this pool

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from infaas.types import FleetEvent
 
-__all__ = ["EventLog", "Residency"]
+__all__ = ["EventLog", "Loaded", "Residency", "load_into", "rss_mb"]
 
 M = TypeVar("M")
+_MB = 1024.0 * 1024.0
+
+
+def rss_mb() -> float:
+    """This process's resident memory."""
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / _MB
 
 
 class Residency(Generic[M]):
@@ -82,6 +92,31 @@ class Residency(Generic[M]):
         models = [m for m, _ in self._models.values()]
         self._models.clear()
         return models
+
+
+@dataclass(frozen=True)
+class Loaded(Generic[M]):
+    model: M
+    load_s: float
+    memory_mb: float
+    evicted: list[tuple[str, M]]  # to close, by the caller that knows how
+
+
+def load_into(
+    residency: Residency[M], name: str, load: Callable[[], M], expected_mb: float, min_mb: float = 0.0
+) -> Loaded[M]:
+    """The one load path of the front end's pool and of every Ray worker: make room for
+    `expected_mb`, load, measure (RSS growth while loading, at least `min_mb` or what the model
+    declares as `memory_mb`), keep it under the budget. Raises what `load` raises, evicting
+    nothing more."""
+    evicted = residency.make_room(expected_mb)
+    before_mb = rss_mb()
+    started_s = time.perf_counter()
+    model = load()
+    load_s = time.perf_counter() - started_s
+    memory_mb = max(rss_mb() - before_mb, min_mb, float(getattr(model, "memory_mb", 0.0)), 0.0)
+    evicted += residency.add(name, model, memory_mb)
+    return Loaded(model, load_s, memory_mb, evicted)
 
 
 class EventLog:

@@ -13,6 +13,7 @@ from infaas.errors import DeadlineExceeded, Overloaded, Unavailable
 from infaas.policy.batching import BatchParams, predicted_queue_delay_ms
 from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
 from infaas.workers.inprocess import RecordingPool, echo_outputs
+from infaas.workers.placement import Placement
 
 pytestmark = pytest.mark.anyio
 
@@ -222,18 +223,19 @@ def tiny_profile(variant: Variant, ms: float, memory_mb: float = 1.0) -> Profile
     )
 
 
-async def test_sub_hop_variants_run_in_the_front_end_and_the_rest_on_the_pool() -> None:
+async def test_batches_go_where_the_placement_puts_their_variant() -> None:
     remote, local = RecordingPool(), RecordingPool()
-    batcher = AsyncBatcher(remote, timer=ManualTimer(), local=local, inline_max_ms=0.25)
-    tiny, slow, fat = make_variant("tiny"), make_variant("slow"), make_variant("fat")
+    batcher = AsyncBatcher(Placement(remote, local), timer=ManualTimer())
+    tiny, slow = make_variant("tiny"), make_variant("slow")
     await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(1.0), 1e9)
     await batcher.submit(slow, tiny_profile(slow, 5.0), rows(1.0), 1e9)
-    await batcher.submit(fat, tiny_profile(fat, 0.01, memory_mb=500.0), rows(1.0), 1e9)
     assert [name for name, _ in local.batches] == [tiny.name]
-    assert [name for name, _ in remote.batches] == [slow.name, fat.name]
-    local.fail_next = Unavailable("artifact not readable here")
-    result = await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(7.0), 1e9)
-    assert result.outputs[0, 0] == 7.0 and remote.batches[-1][0] == tiny.name  # fell back to the pool
+    assert [name for name, _ in remote.batches] == [slow.name]
+    # A local variant's batch that fails is that batch's failure, not a silent detour to Ray.
+    local.fail_next = Unavailable("broken")
+    with pytest.raises(Unavailable):
+        await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(7.0), 1e9)
+    assert [name for name, _ in remote.batches] == [slow.name]
     await batcher.close()
 
 

@@ -20,6 +20,7 @@ from infaas.router import DEFAULT_OVERHEAD_MS, PROBE_INTERVAL_S, OverheadTracker
 from infaas.store import MemoryStore
 from infaas.types import SLO, MachineInfo, Profile
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
+from infaas.workers.placement import Placement
 from tests.factories import make_arch, make_task
 from tests.unit.policy.test_selection import MACHINE, make_entry
 
@@ -184,7 +185,8 @@ def test_warm_up_loads_the_cheapest_variant_of_each_architecture_where_it_will_r
             store.put_profile(profile.model_copy(update={"memory_mb": 1.0}))
         pool = InProcessPool(loader=lambda v: EchoModel(v.name))
         local = InProcessPool(loader=lambda v: EchoModel(v.name))
-        router = Router(store, pool, AsyncBatcher(pool, local=local), local=local, machine=MACHINE)
+        placement = Placement(pool, local)
+        router = Router(store, placement, AsyncBatcher(placement), machine=MACHINE)
         router.refresh()
         asked = router.warm_up()
         assert asked == ["fast/onnx-cpu-fp32-t1", "slow/onnx-cpu-fp32-t1"]

@@ -1,15 +1,15 @@
-"""`GET /v1/admin/fleet`: workers, what each hosts, memory vs budget, queues, recent decisions.
+"""`GET /v1/admin/fleet`: workers, what each hosts, memory vs budget, queues, replicas, what
+they cost, and recent decisions.
 
-Read from the worker pool (`WorkerPool.fleet()`, `WorkerPool.events()`: loads, evictions,
-replicas, crashes), the batcher (`Batcher.queue_depths()`) and the routing log (`RouteLog`: which
-variant each task is routed to, and when that changes) the app factory put on `app.state`. A
-front end without a pool shows an empty fleet rather than failing.
+Read from the placement layer (`fleet()`, `events()`: loads, evictions, replicas, crashes), the
+autoscaler (its actions with their reasons, and `FleetCost`), the batcher (`queue_depths()`) and
+the routing log (`RouteLog`: which variant each task is routed to, and when that changes) the app
+factory put on `app.state`. A front end without a pool shows an empty fleet rather than failing.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -17,14 +17,33 @@ from pydantic import BaseModel, ConfigDict
 
 from infaas.api.auth import AdminPrincipal
 from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
+from infaas.autoscaler import Autoscaler, FleetCost
 from infaas.errors import InvalidInput
 from infaas.routelog import RouteLog
 from infaas.types import FleetEvent, WorkerInfo
 from infaas.workers.base import Batcher, FleetSource
 
-__all__ = ["Fleet", "FleetView", "fleet_sources", "fleet_view", "router"]
+__all__ = ["Fleet", "FleetCostView", "FleetView", "VariantCost", "fleet_sources", "fleet_view", "router"]
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+class VariantCost(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replicas: int
+    usd: float  # held so far: replica-seconds × the price of what each replica holds
+    usd_per_hour: float  # at the replicas held now
+
+
+class FleetCostView(BaseModel):
+    """What the fleet's resources cost the operator (tenants are charged busy time instead)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    total_usd: float
+    usd_per_hour: float
+    by_variant: dict[str, VariantCost]
 
 
 class FleetView(BaseModel):
@@ -34,43 +53,77 @@ class FleetView(BaseModel):
     memory_used_mb: float  # all workers together
     memory_budget_mb: float
     loaded_variants: int  # replicas: a variant on two workers counts twice
+    replicas: dict[str, int]  # per variant
     queue_depths: dict[str, int]  # requests waiting in the batcher, per variant
+    cost: FleetCostView
     events: tuple[FleetEvent, ...]  # newest first
 
 
 def fleet_view(
-    workers: list[WorkerInfo], queue_depths: dict[str, int], events: list[FleetEvent]
+    workers: list[WorkerInfo],
+    queue_depths: dict[str, int],
+    events: list[FleetEvent],
+    cost: FleetCost | None = None,
 ) -> FleetView:
     """Assemble the view; events come oldest first from the pool and are shown newest first."""
+    replicas: dict[str, int] = {}
+    for worker in workers:
+        for name in worker.loaded:
+            replicas[name] = replicas.get(name, 0) + 1
+    cost = cost or FleetCost()
     return FleetView(
         workers=tuple(sorted(workers, key=lambda w: w.worker_id)),
         memory_used_mb=sum(w.memory_used_mb for w in workers),
         memory_budget_mb=sum(w.memory_budget_mb for w in workers),
-        loaded_variants=sum(len(w.loaded) for w in workers),
+        loaded_variants=sum(replicas.values()),
+        replicas=dict(sorted(replicas.items())),
         queue_depths=dict(sorted(queue_depths.items())),
+        cost=FleetCostView(
+            total_usd=cost.total_usd,
+            usd_per_hour=cost.total_usd_per_hour,
+            by_variant={
+                name: VariantCost(
+                    replicas=replicas.get(name, 0),
+                    usd=cost.usd.get(name, 0.0),
+                    usd_per_hour=cost.usd_per_s.get(name, 0.0) * 3600.0,
+                )
+                for name in sorted(set(cost.usd) | set(cost.usd_per_s))
+            },
+        ),
         events=tuple(sorted(events, key=lambda e: e.at_s, reverse=True)),
     )
 
 
 class Fleet:
-    """Several pools seen as one fleet: the Ray workers and the front end's fast-path pool."""
+    """The fleet as the views read it: the placement's workers (Ray and the front end's fast
+    path), its load / evict events and the autoscaler's actions, and what the replicas cost."""
 
-    def __init__(self, pools: Sequence[FleetSource]) -> None:
-        self._pools = pools
+    def __init__(self, pool: FleetSource, autoscaler: Autoscaler | None = None) -> None:
+        self._pool = pool
+        self._autoscaler = autoscaler
 
     def fleet(self) -> list[WorkerInfo]:
-        return [worker for pool in self._pools for worker in pool.fleet()]
+        return self._pool.fleet()
 
     def events(self, limit: int = 50) -> list[FleetEvent]:
-        merged = heapq.merge(*(p.events(limit) for p in self._pools), key=lambda e: e.at_s)
-        return list(merged)[-limit:] if limit else []
+        streams = [self._pool.events(limit)]
+        if self._autoscaler is not None:
+            streams.append(self._autoscaler.events(limit))
+        merged = list(heapq.merge(*streams, key=lambda e: e.at_s))
+        return merged[-limit:] if limit else []
+
+    @property
+    def cost(self) -> FleetCost | None:
+        return self._autoscaler.cost if self._autoscaler is not None else None
 
 
-def fleet_sources(state: Any) -> tuple[FleetSource | None, Batcher | None]:
-    """The pools and batcher on `app.state`, or None where the app runs without them."""
-    pools = [p for p in (getattr(state, "pool", None), getattr(state, "local_pool", None)) if p is not None]
+def fleet_sources(state: Any) -> tuple[Fleet | None, Batcher | None]:
+    """The fleet and batcher on `app.state`, or None where the app runs without them."""
+    placement: FleetSource | None = getattr(state, "placement", None)
     batcher: Batcher | None = getattr(state, "batcher", None)
-    return (Fleet(pools) if pools else None), batcher
+    if placement is None:
+        return None, batcher
+    return Fleet(placement, getattr(state, "autoscaler", None)), batcher
 
 
 @router.get("/fleet", dependencies=KEY_REQUIRED, responses=error_responses(InvalidInput, *ADMIN_KEY))
@@ -88,5 +141,6 @@ async def fleet(
         pool.fleet() if pool is not None else [],
         batcher.queue_depths() if batcher is not None else {},
         recent,
+        pool.cost if pool is not None else None,
     )
     return view.model_copy(update={"events": view.events[:events]})

@@ -132,7 +132,7 @@ async def query(request: Request) -> Response:
     the_router: Router = state.router
     batcher: Batcher = state.batcher
     meter: Meter = state.meter
-    task_name, variant_name, rows = "", "", 0
+    task_name, variant_name, rows, slo = "", "", 0, None
     try:
         req = _parse_request(await request.body())
         task_name = req.task
@@ -175,6 +175,7 @@ async def query(request: Request) -> Response:
             error=exc.code if isinstance(exc, InfaasError) else "internal_error",
             now_s=time.time(),
             counted="refused" if status == 429 else "failed" if status >= 500 else None,
+            slo=slo,
         )
         raise
     decision = routed.decision
@@ -198,6 +199,7 @@ async def query(request: Request) -> Response:
         latency_ms=latency_ms,
         slo_met=slo_met,
         now_s=time.time(),
+        slo=slo,
     )
     # The charge is on disk (the usage journal) before the answer leaves: a crash after this
     # point cannot lose it.

@@ -1,0 +1,73 @@
+"""The placement layer: one decision per variant (front end or Ray), one load path, a visible
+demotion when the front end cannot load a variant, one overhead key per path."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from infaas.errors import Unavailable
+from infaas.types import Variant
+from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
+from infaas.workers.placement import Placement
+from tests.unit.test_batching import make_variant, point, tiny_profile
+
+
+def test_sub_hop_variants_are_local_with_their_batches_capped_the_rest_remote() -> None:
+    placement = Placement(RecordingPool(), RecordingPool(), inline_max_ms=0.25)
+    tiny, slow, fat = make_variant("tiny"), make_variant("slow"), make_variant("fat")
+    curve = tiny_profile(tiny, 0.01).model_copy(
+        update={"points": (point(1, 0.05), point(4, 0.2), point(8, 0.4))}
+    )
+    assert placement.place(tiny, curve).path == "local"
+    assert placement.place(tiny, curve).max_rows == 4  # the largest measured batch under 0.25 ms
+    assert placement.place(slow, tiny_profile(slow, 5.0)).path == "remote"
+    assert placement.place(fat, tiny_profile(fat, 0.01, memory_mb=500.0)).path == "remote"
+    tf = tiny.model_copy(update={"spec": tiny.spec.model_copy(update={"runtime": "tensorflow"})})
+    assert placement.place(tf, tiny_profile(tf, 0.01)).path == "remote"
+    assert placement.place(tiny, None).path == "remote"  # no profile: nothing says it is tiny
+    assert Placement(RecordingPool()).place(tiny, curve).path == "remote"  # no local pool
+    assert placement.path("never-placed") == "remote"
+
+
+def test_paths_have_their_own_overhead_keys_and_a_local_variant_is_not_replicated() -> None:
+    async def scenario() -> None:
+        placement = Placement(RecordingPool(workers=2), RecordingPool())
+        tiny, slow = make_variant("tiny"), make_variant("slow")
+        placement.place(tiny, tiny_profile(tiny, 0.01))
+        placement.place(slow, tiny_profile(slow, 5.0))
+        assert placement.overhead_key(tiny) == "local" and placement.overhead_key(slow) == "onnxruntime"
+        with pytest.raises(Unavailable, match="runs in the front end"):
+            await placement.replicate(tiny)
+        await placement.run(slow, np.zeros((1, 4), dtype=np.float32))
+        assert await placement.replicate(slow) == "fake-1"
+        assert placement.replicas(slow.name) == 2 and placement.replicas(tiny.name) == 0
+        await placement.ensure_loaded(tiny)
+        assert placement.is_loaded(tiny.name) and placement.replicas(tiny.name) == 1
+        await placement.unload(tiny.name)
+        assert not placement.is_loaded(tiny.name)
+
+    asyncio.run(scenario())
+
+
+def test_a_variant_the_front_end_cannot_load_moves_to_the_workers_with_an_event() -> None:
+    async def scenario() -> None:
+        def loader(variant: Variant) -> EchoModel:
+            raise OSError("artifact not readable here")
+
+        remote = RecordingPool()
+        placement = Placement(remote, InProcessPool(loader=loader))
+        tiny = make_variant("tiny")
+        profile = tiny_profile(tiny, 0.01)
+        assert placement.place(tiny, profile).path == "local"
+        out = await placement.run(tiny, np.ones((1, 4), dtype=np.float32))
+        assert out.shape[0] == 1 and [name for name, _ in remote.batches] == [tiny.name]
+        assert placement.place(tiny, profile).path == "remote"
+        assert placement.place(tiny, profile.model_copy(update={"measured_at_s": 5.0})).path == "remote"
+        (event,) = [e for e in placement.events() if e.kind == "place"]
+        assert event.variant == tiny.name and "artifact not readable here" in event.reason
+        await placement.close()
+
+    asyncio.run(scenario())
