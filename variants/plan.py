@@ -7,11 +7,14 @@ CUDA and TensorRT even on machines without a GPU (sessions then fall back to CPU
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from infaas.types import ModelKind, Precision, RuntimeName, VariantSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CPU_MAX_BATCH",
@@ -81,8 +84,11 @@ class FakeProviderProbe:
 class OrtProviderProbe:
     """Creates a one-node ONNX session per accelerator provider and keeps those it really runs on."""
 
-    def session_providers(self) -> frozenset[str]:
-        import onnxruntime as ort
+    @staticmethod
+    def probe_model() -> bytes:
+        """A one-node model every supported ONNX Runtime loads. The IR version is pinned: onnx
+        1.23 writes IR 14 by default, which ONNX Runtime 1.31 refuses, and a probe that fails on
+        every provider reads as "no GPU" (it did, on an H200)."""
         from onnx import TensorProto, helper
 
         graph = helper.make_graph(
@@ -92,7 +98,13 @@ class OrtProviderProbe:
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        payload = model.SerializeToString()
+        model.ir_version = 9
+        return bytes(model.SerializeToString())
+
+    def session_providers(self) -> frozenset[str]:
+        import onnxruntime as ort
+
+        payload = self.probe_model()
         opts = ort.SessionOptions()
         opts.log_severity_level = 4
         found = {CPU_PROVIDER}
@@ -101,7 +113,8 @@ class OrtProviderProbe:
                 break  # TensorRT runs on CUDA; probing it without CUDA only prints loader errors
             try:
                 session = ort.InferenceSession(payload, sess_options=opts, providers=[provider, CPU_PROVIDER])
-            except Exception:  # ORT raises untyped errors when a provider's libraries are missing
+            except Exception as exc:  # ORT raises untyped errors when a provider's libraries are missing
+                log.info("%s is not usable here: %s", provider, str(exc).splitlines()[0][:300])
                 continue
             if provider in session.get_providers():
                 found.add(provider)

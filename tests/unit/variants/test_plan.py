@@ -97,3 +97,15 @@ def test_detect_hardware_always_has_cpu_and_reads_only_the_probe() -> None:
     assert WITH_CUDA.cuda and not WITH_CUDA.tensorrt
     assert WITH_TRT.cuda and WITH_TRT.tensorrt
     assert "CPUExecutionProvider" in CPU_ONLY.providers
+
+
+def test_the_provider_probe_model_loads_in_this_onnx_runtime() -> None:
+    # The probe's model must load on the CPU provider, or every accelerator probe fails too and a
+    # GPU machine plans no GPU variant (onnx's default IR version outran ONNX Runtime's once).
+    import onnxruntime as ort
+
+    from variants.plan import OrtProviderProbe
+
+    session = ort.InferenceSession(OrtProviderProbe.probe_model(), providers=["CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert "CPUExecutionProvider" in OrtProviderProbe().session_providers()
