@@ -157,7 +157,8 @@ class Autoscaler:
 
     `catalog` returns the variants the service knows with their usable profiles and `tasks` the
     task of each architecture (the router's snapshot); `queue_age_ms` the batcher's oldest waiting
-    request per variant; `resources` (total, available) vCPUs and GPUs of the cluster."""
+    request per variant; `resources` (total, available) vCPUs and GPUs of the cluster, of which
+    `reserved_cpus` are the front end's own."""
 
     def __init__(
         self,
@@ -171,6 +172,7 @@ class Autoscaler:
         resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None,
         clock: Callable[[], float] = time.time,
         interval_s: float = 1.0,
+        reserved_cpus: float = 0.0,
     ) -> None:
         self._placement = placement
         self._catalog = catalog
@@ -179,6 +181,7 @@ class Autoscaler:
         self.config = config or AutoscalingConfig()
         self._queue_age_ms = queue_age_ms
         self._resources = resources or _local_resources
+        self._reserved_cpus = reserved_cpus
         self._clock = clock
         self._state = ScalingState()
         self._first_seen_s: dict[str, float] = {}  # architecture → when this loop first saw it
@@ -235,7 +238,7 @@ class Autoscaler:
         (total_cpus, total_gpus), (avail_cpus, avail_gpus) = self._resources()
         return FleetSnapshot(
             variants=tuple(states),
-            free_cpus=max(0.0, min(avail_cpus, total_cpus - held_cpus)),
+            free_cpus=max(0.0, min(avail_cpus, total_cpus - held_cpus) - self._reserved_cpus),
             free_gpus=max(0.0, min(avail_gpus, total_gpus - held_gpus)),
         )
 

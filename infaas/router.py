@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,11 +65,15 @@ PROBE_INTERVAL_S = 0.2
 
 class OverheadTracker:
     """A high quantile of the prediction's residual over the last `window` answers of the last
-    `max_age_s` seconds (pure: residuals and times come in as numbers). The age bound lets the
-    estimate come back down after a burst of load instead of carrying it for thousands of answers;
-    the router refreshes it on a timer too, so it comes down even when nothing is answered (every
-    query refused because of it). With fewer than `min_samples` recent answers it reports
-    `prior_ms`."""
+    `max_age_s` seconds (pure: residuals and times come in as numbers).
+
+    With fewer than `min_samples` recent answers — every query refused because of the estimate,
+    or no traffic — the estimate decays towards `prior_ms` with time constant `decay_s` instead of
+    dropping to it: dropping at once admitted a whole burst again, whose late answers sent the
+    estimate back up, refusing everything for the next `max_age_s` (a bang-bang cycle measured at
+    ~2 s under 10× overload). Decaying, admission opens gradually and settles where the answers
+    admitted meet the estimate. `current` refreshes a stale estimate on read, so it moves even
+    when nothing is answered."""
 
     def __init__(
         self,
@@ -76,9 +81,11 @@ class OverheadTracker:
         *,
         quantile: float = 0.99,
         window: int = 2048,
-        max_age_s: float = 5.0,
+        max_age_s: float = 1.0,
         min_samples: int = 32,
         refresh_every: int = 16,
+        decay_s: float = 0.5,
+        stale_s: float = 0.05,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError("quantile must be in (0, 1]")
@@ -89,6 +96,9 @@ class OverheadTracker:
         self._max_age_s = max_age_s
         self._min_samples = min_samples
         self._refresh_every = refresh_every
+        self._decay_s = decay_s
+        self._stale_s = stale_s
+        self._refreshed_s = float("-inf")
         # A ring buffer in two arrays, not a deque of tuples: `refresh` then filters and takes
         # the quantile without a Python loop over the window (~1 ms for 2 048 tuples, paid every
         # `refresh_every` answers, cost tens of µs per answer on the query path).
@@ -126,12 +136,20 @@ class OverheadTracker:
         """Recompute the estimate (every `refresh_every` answers, not on each: a quantile over
         2 048 floats costs ~30 µs)."""
         self._since_refresh = 0
+        elapsed_s, self._refreshed_s = now_s - self._refreshed_s, now_s
         held = self._held
         recent = self._residual_ms[:held][self._at_s[:held] >= now_s - self._max_age_s]
         if recent.shape[0] < self._min_samples:
-            self._value_ms = self._prior_ms
+            weight = math.exp(-max(0.0, elapsed_s) / self._decay_s) if self._decay_s > 0 else 0.0
+            self._value_ms = self._prior_ms + (self._value_ms - self._prior_ms) * weight
             return
         self._value_ms = max(0.0, _quantile(recent, self._quantile))
+
+    def current(self, now_s: float) -> float:
+        """The estimate, refreshed first when older than `stale_s`."""
+        if now_s - self._refreshed_s >= self._stale_s:
+            self.refresh(now_s)
+        return self._value_ms
 
 
 def _quantile(values: np.ndarray, q: float) -> float:
@@ -465,10 +483,13 @@ class Router:
             cached = self._loaded[id(table)] = _LoadedCache(at_s=now_s, names=names)
         return cached.names
 
-    def overhead_ms(self, key: str) -> float:
-        """The measured overhead of one path (`Placement.overhead_key`; the prior until measured)."""
+    def overhead_ms(self, key: str, now_s: float | None = None) -> float:
+        """The measured overhead of one path (`Placement.overhead_key`; the prior until measured),
+        refreshed first when stale if `now_s` is given."""
         tracker = self.overheads.get(key)
-        return tracker.value_ms if tracker is not None else DEFAULT_OVERHEAD_MS
+        if tracker is None:
+            return DEFAULT_OVERHEAD_MS
+        return tracker.current(now_s) if now_s is not None else tracker.value_ms
 
     def live_state(self, table: VariantTable, now_s: float) -> LiveState:
         """Loaded variants, and per live variant its queueing delay plus how much its path's
@@ -479,13 +500,13 @@ class Router:
         """`live_state`, and the batcher's queueing delays it read, by variant: `_routed` needs the
         chosen one's again, and asking the batcher twice per query showed in profiles."""
         loaded = self._loaded_names(table, now_s)
-        base_ms = min((t.value_ms for t in self.overheads.values()), default=DEFAULT_OVERHEAD_MS)
+        base_ms = min((t.current(now_s) for t in self.overheads.values()), default=DEFAULT_OVERHEAD_MS)
         delays: dict[str, float] = {}
         queue_ms: dict[str, float] = {}
         variants = self._snapshot.variants
         for name in loaded.union(self._batcher.queue_depths()):
             if name in table:
-                extra_ms = self.overhead_ms(self._pool.overhead_key(variants[name][0])) - base_ms
+                extra_ms = self.overhead_ms(self._pool.overhead_key(variants[name][0]), now_s) - base_ms
                 queue_ms[name] = self._batcher.queue_delay_ms(name)
                 delay = queue_ms[name] + extra_ms
                 if delay > 0.0:
@@ -535,8 +556,8 @@ class Router:
         live, queue_ms = self._live(table, now_s)
         result = table.select(rows, left, live)
         if isinstance(result, Infeasible):
-            # Admission: busy (429) or impossible (422)? Ask again as if every queue were empty.
-            idle = table.select(rows, slo, LiveState(loaded=live.loaded, overhead_ms=live.overhead_ms))
+            # Admission: busy (429) or impossible (422)? Ask again as an idle fleet would answer.
+            idle = table.select(rows, slo, self._idle(live))
             if isinstance(idle, Infeasible):
                 raise self._infeasible_error(idle, task, slo, architecture)
             if elapsed_ms < slo.latency_ms and self._probe(idle.variant, now_s):
@@ -549,6 +570,15 @@ class Router:
             # load it, and ask the client to come back rather than answer late.
             raise self._cold(task, slo, result)
         return self._routed(result, task, live, queue_ms, rows)
+
+    @staticmethod
+    def _idle(live: LiveState, also_loaded: str | None = None) -> LiveState:
+        """`live` on an idle fleet: no queues, and the path's overhead at its prior (the hop alone).
+        The measured overhead is not used: under overload it holds the waits beyond prediction
+        that overload causes, and judged with it every target would look impossible (422, or, for
+        a pinned variant, served regardless: a queue that grows until requests expire)."""
+        loaded = live.loaded | {also_loaded} if also_loaded is not None else live.loaded
+        return LiveState(loaded=loaded, overhead_ms=min(live.overhead_ms, DEFAULT_OVERHEAD_MS))
 
     def _probe(self, variant: str, now_s: float) -> bool:
         """Admit one refused query per `PROBE_INTERVAL_S` and path anyway: refusals add no
@@ -632,9 +662,7 @@ class Router:
         if decision.predicted_latency_ms > left.latency_ms:
             # A pinned variant is served even when it cannot meet the latency target, unless only
             # its queue or its cold load is in the way: then the client should come back.
-            idle = table.predict(
-                name, rows, LiveState(loaded=live.loaded | {name}, overhead_ms=live.overhead_ms)
-            )
+            idle = table.predict(name, rows, self._idle(live, also_loaded=name))
             if idle is not None and idle.predicted_latency_ms <= slo.latency_ms:
                 if name not in live.loaded:
                     raise self._cold(task, slo, decision)

@@ -48,6 +48,17 @@ class Settings(BaseSettings):
     max_replicas_per_variant: int | None = Field(
         default=None, ge=1, description="Replicas of one variant; unset: as many as free resources allow."
     )
+    front_end_cpus: float = Field(
+        default=1.0,
+        ge=0,
+        description="vCPUs the front end itself uses (HTTP, batching, the fast path): left out of what the "
+        "autoscaler may give replicas.",
+    )
+    ray_num_cpus: int | None = Field(
+        default=None,
+        ge=1,
+        description="Logical CPUs of the local Ray this front end starts; unset: the machine's.",
+    )
     warm_ttl_s: float = Field(
         default=3600.0,
         ge=0,

@@ -85,7 +85,7 @@ def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
     ray.init(
         address="local",
         include_dashboard=False,
-        num_cpus=num_cpus or os.cpu_count() or 1,
+        num_cpus=num_cpus or settings.ray_num_cpus or os.cpu_count() or 1,
         configure_logging=False,
         log_to_driver=False,
         _system_config={
