@@ -59,6 +59,11 @@ class Settings(BaseSettings):
         ge=1,
         description="Logical CPUs of the local Ray this front end starts; unset: the machine's.",
     )
+    profile_quick: bool = Field(
+        default=False,
+        description="Profile models registered through the API with fewer iterations (seconds, not "
+        "minutes; noisier figures): for demos and tests.",
+    )
     warm_ttl_s: float = Field(
         default=3600.0,
         ge=0,

@@ -233,6 +233,8 @@ def create_app(
         app.include_router(module.router)
     # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
     # a worker process of its own before registration returns, so a new model is servable at once.
-    app.state.registry = build_registry(settings, the_store, profiler=ProcessProfiler(settings, the_store))
+    app.state.registry = build_registry(
+        settings, the_store, profiler=ProcessProfiler(settings, the_store, quick=settings.profile_quick)
+    )
     app.include_router(model_routes.router)
     return app

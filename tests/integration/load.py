@@ -90,3 +90,26 @@ class OpenLoopLoad:
             self.result.outcomes.append(Outcome(sent_s, "cut"))
         except TimeoutError:
             self.result.outcomes.append(Outcome(sent_s, "timeout"))
+
+
+async def _closed_loop(url: str, key: str, body: dict[str, Any], concurrency: int, total: int) -> LoadResult:
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    payload = json.dumps(body).encode()
+    result = LoadResult()
+    left = iter(range(total))
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        for _ in left:
+            sent_s = time.monotonic()
+            async with session.post(url, data=payload, headers=headers) as resp:
+                result.outcomes.append(Outcome(sent_s, resp.status, await resp.json(content_type=None)))
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return result
+
+
+def closed_loop(url: str, key: str, body: dict[str, Any], concurrency: int, total: int) -> LoadResult:
+    """`total` requests from `concurrency` clients that each wait for an answer before sending again."""
+    return asyncio.run(_closed_loop(url, key, body, concurrency, total))

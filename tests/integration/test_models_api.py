@@ -111,7 +111,7 @@ def test_a_registered_model_is_warm_when_registration_answers(
     assert status == 201, body
     profiles = [p for p in live_server.app.state.store.list_profiles("warm") if p.status == "ok"]
     cheapest = min(profiles, key=lambda p: (p.cost_usd_per_1k(1), p.variant)).variant
-    pool = live_server.app.state.pool
+    pool = live_server.app.state.placement  # the front end or a Ray replica
     assert pool.is_loaded(cheapest), (cheapest, [w.loaded for w in pool.fleet()])
 
 
