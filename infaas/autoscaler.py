@@ -72,7 +72,7 @@ class DemandWindow:
 
     Times are the records' `at_s` (wall clock), so the autoscaler's clock must be the same."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 5.0) -> None:
         if window_s < 1.0:
             raise ValueError("window_s must be at least one second")
         self.window_s = window_s
@@ -182,6 +182,7 @@ class Autoscaler:
         self._queue_age_ms = queue_age_ms
         self._resources = resources or _local_resources
         self._reserved_cpus = reserved_cpus
+        self._free = (math.inf, math.inf)  # until the first round has measured them
         self._clock = clock
         self._state = ScalingState()
         self._first_seen_s: dict[str, float] = {}  # architecture → when this loop first saw it
@@ -202,17 +203,14 @@ class Autoscaler:
             if seen is not None and seen > last_active.get(variant.architecture, -math.inf):
                 last_active[variant.architecture] = seen
         floors = set(cheapest_variants(catalog, set(tasks)).values())
+        held_cpus, held_gpus = self._held(catalog)
         states: list[VariantState] = []
-        held_cpus = held_gpus = 0.0
         for name, (variant, profile) in catalog.items():
             if profile is None or variant.architecture not in tasks:
                 continue
             replicas = self._placement.replicas(name)
             remote = self._placement.path(name) == "remote"
             cpus, gpus = _holds(variant)
-            if remote:
-                held_cpus += replicas * cpus
-                held_gpus += replicas * gpus
             d = self._demand.demand(name, now_s)
             states.append(
                 VariantState(
@@ -236,11 +234,34 @@ class Autoscaler:
                 )
             )
         (total_cpus, total_gpus), (avail_cpus, avail_gpus) = self._resources()
-        return FleetSnapshot(
-            variants=tuple(states),
-            free_cpus=max(0.0, min(avail_cpus, total_cpus - held_cpus) - self._reserved_cpus),
-            free_gpus=max(0.0, min(avail_gpus, total_gpus - held_gpus)),
+        self._free = (
+            max(0.0, min(avail_cpus, total_cpus - held_cpus) - self._reserved_cpus),
+            max(0.0, min(avail_gpus, total_gpus - held_gpus)),
         )
+        return FleetSnapshot(variants=tuple(states), free_cpus=self._free[0], free_gpus=self._free[1])
+
+    def admit_load(self, variant: Variant) -> bool:
+        """Whether the free resources of the last round hold one more replica of `variant` (the
+        router's optional loads ask); admitted ones are taken off until the next round."""
+        cpus, gpus = _holds(variant)
+        free_cpus, free_gpus = self._free
+        if cpus > free_cpus or gpus > free_gpus:
+            return False
+        self._free = (free_cpus - cpus, free_gpus - gpus)
+        return True
+
+    def _held(self, catalog: Catalog) -> tuple[float, float]:
+        """(vCPUs, GPUs) the remote workers hold. A worker process runs one batch at a time, so
+        it holds the threads of its widest variant, however many variants it hosts (an empty
+        one, none)."""
+        cpus = gpus = 0.0
+        for worker in self._placement.remote.fleet():
+            if not worker.alive:
+                continue
+            held = [_holds(catalog[name][0]) for name in worker.loaded if name in catalog]
+            cpus += max((c for c, _ in held), default=0.0)
+            gpus += max((g for _, g in held), default=0.0)
+        return cpus, gpus
 
     async def tick(self) -> list[Action]:
         """One round: observe, decide, apply, account. Returns the actions taken."""

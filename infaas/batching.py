@@ -12,6 +12,7 @@ parameters are per variant (`set_params`), defaulting to the variant's max batch
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import time
@@ -31,6 +32,11 @@ from infaas.workers.placement import Placement
 __all__ = ["AsyncBatcher", "LoopTimer", "ManualTimer", "Timer", "TimerHandle"]
 
 _OVERHEAD_EWMA_ALPHA = 0.1
+_COMPUTE_BOUND_MS = 2.0  # a batch profiled at this or more measures the machine's slowdown
+
+
+def _plus(latency_ms: Callable[[int], float], wait_ms: float, rows: int) -> float:
+    return latency_ms(rows) + wait_ms
 
 
 class TimerHandle(Protocol):
@@ -119,12 +125,17 @@ class _VariantQueue:
     # twice per query, and summing a deep queue there each time was a loop per query.
     queued_rows: int = 0
     in_flight: dict[int, float] = field(default_factory=dict)  # batch id → predicted finish (s)
+    # Replicas: batches run in parallel up to this many; beyond it a batch waits at a replica
+    # (a worker runs one batch at a time; the extra ones in flight only hide the hop).
+    servers: int = 1
     timer: TimerHandle | None = None
     timer_at_s: float | None = None
     pump_scheduled: bool = False
 
+    slowdown: float = 1.0  # measured run time ÷ profiled, for batches whose compute dominates
+
     def latency_ms(self, rows: int) -> float:
-        return self.profile.latency_ms(rows, "p99") + self.overhead_ms
+        return self.profile.latency_ms(rows, "p99") * self.slowdown + self.overhead_ms
 
     def push(self, item: _Pending) -> None:
         self.pending.append(item)
@@ -233,9 +244,10 @@ class AsyncBatcher:
         """Batches in flight per variant = its replicas × `max_in_flight` per replica (unless set
         for the variant by `set_params`, or batching is off)."""
         name = queue.variant.name
+        replicas = self._pool.replicas(name)
+        queue.servers = max(1, replicas)
         if name in self._overrides or not self._batching:
             return queue.params
-        replicas = self._pool.replicas(name)
         cap = max(1, replicas) * self._max_in_flight
         if cap != queue.params.max_in_flight:
             queue.params = BatchParams(max_batch=queue.params.max_batch, max_in_flight=cap)
@@ -247,7 +259,9 @@ class AsyncBatcher:
             while queue.pending and queue.pending[0].future.done():
                 queue.pop()  # cancelled by its caller (client gone)
             now_s = self._timer.now_s()
-            decision = decide(queue.pending, queue.latency_ms, queue.params, len(queue.in_flight), now_s)
+            wait_ms = self._replica_wait_ms(queue, now_s)
+            latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
+            decision = decide(queue.pending, latency, queue.params, len(queue.in_flight), now_s)
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
                 return
@@ -256,10 +270,19 @@ class AsyncBatcher:
             if not batch:
                 continue
             batch_id = next(self._batch_ids)
-            queue.in_flight[batch_id] = now_s + queue.latency_ms(decision.send_rows) / 1000.0
-            task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch))
+            queue.in_flight[batch_id] = now_s + (wait_ms + queue.latency_ms(decision.send_rows)) / 1000.0
+            task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch, wait_ms))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    def _replica_wait_ms(queue: _VariantQueue, now_s: float) -> float:
+        """How long a batch sent now waits at a replica before it runs: 0 while a replica is
+        free, else until the earliest of the replicas' last predicted finishes."""
+        if len(queue.in_flight) < queue.servers:
+            return 0.0
+        busy_until = sorted(queue.in_flight.values())[-queue.servers :]
+        return max(0.0, (busy_until[0] - now_s) * 1000.0)
 
     @staticmethod
     def _expired(item: _Pending, now_s: float) -> bool:
@@ -297,7 +320,9 @@ class AsyncBatcher:
         queue.timer_at_s = None
         self._pump(queue)
 
-    async def _run(self, queue: _VariantQueue, batch_id: int, batch: list[_Pending]) -> None:
+    async def _run(
+        self, queue: _VariantQueue, batch_id: int, batch: list[_Pending], wait_ms: float = 0.0
+    ) -> None:
         sent_s = self._timer.now_s()
         try:
             inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([p.inputs for p in batch])
@@ -326,8 +351,19 @@ class AsyncBatcher:
         run_ms = (done_s - sent_s) * 1000.0
         rows = int(inputs.shape[0])
         if self._pool.path(queue.variant.name) == "remote":  # the deadline rule budgets for the hop
-            measured_overhead_ms = run_ms - queue.profile.latency_ms(rows, "p50")
-            queue.overhead_ms += _OVERHEAD_EWMA_ALPHA * (max(0.0, measured_overhead_ms) - queue.overhead_ms)
+            # Two things make a batch slower than its profile: the hop (a constant) and a busy
+            # machine (compute runs slower in proportion: other processes share the cores). A
+            # batch whose profiled time is well above the hop measures the second, others the first.
+            own_ms = run_ms - wait_ms
+            profiled_ms = queue.profile.latency_ms(rows, "p50")
+            if profiled_ms >= _COMPUTE_BOUND_MS:
+                ratio = (own_ms - queue.overhead_ms) / profiled_ms
+                queue.slowdown += _OVERHEAD_EWMA_ALPHA * (min(max(ratio, 0.5), 20.0) - queue.slowdown)
+            else:
+                measured_overhead_ms = own_ms - profiled_ms * queue.slowdown
+                queue.overhead_ms += _OVERHEAD_EWMA_ALPHA * (
+                    max(0.0, measured_overhead_ms) - queue.overhead_ms
+                )
         offset = 0
         for p in batch:
             share = outputs[offset : offset + p.rows]
@@ -357,7 +393,9 @@ class AsyncBatcher:
             return 0.0
         now_s = self._timer.now_s()
         remaining_ms = [(finish_s - now_s) * 1000.0 for finish_s in queue.in_flight.values()]
-        return predicted_queue_delay_ms(queue.queued_rows, remaining_ms, queue.latency_ms, queue.params)
+        return predicted_queue_delay_ms(
+            queue.queued_rows, remaining_ms, queue.latency_ms, queue.params, servers=queue.servers
+        )
 
     def oldest_age_ms(self, variant: str) -> float:
         """How long the oldest request waiting for `variant` has waited (0 when none waits)."""

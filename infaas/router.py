@@ -318,6 +318,8 @@ class Router:
         self._tasks: set[asyncio.Task[None]] = set()
         self._refresher = Periodic("router-refresh", refresh_interval_s, self._refresh_round)
         self.on_refresh: list[Callable[[Snapshot], None]] = []
+        self.load_gate: Callable[[Variant], bool] | None = None
+        """Admits an optional load (a load hint) when the cluster has room; None: always."""
 
     # ---- snapshot -----------------------------------------------------------------------
     @property
@@ -564,7 +566,17 @@ class Router:
                 return self._routed(idle, task, live, queue_ms, rows)
             raise self._busy(task, slo, idle, queue_ms.get(idle.variant, 0.0), elapsed_ms)
         if result.load_hint is not None:
-            self._hint(result.load_hint)
+            self._hint(result.load_hint, optional=True)
+        if result.variant not in live.loaded and live.loaded:
+            # A cold variant is the answer only because the loaded ones are busy? Then this is
+            # overload, and adding capacity is the autoscaler's call (it checks the cluster has
+            # room; loading here on every busy moment filled the cluster with variants that
+            # shared its cores): refuse, as for any busy variant.
+            idle = table.select(rows, slo, self._idle(live))
+            if isinstance(idle, Choice) and idle.variant in live.loaded:
+                if elapsed_ms < slo.latency_ms and self._probe(idle.variant, now_s):
+                    return self._routed(idle, task, live, queue_ms, rows)
+                raise self._busy(task, slo, idle, queue_ms.get(idle.variant, 0.0), elapsed_ms)
         if result.variant not in live.loaded and result.predicted_latency_ms > left.latency_ms:
             # Only a cold variant meets the targets, and its load would outlast the deadline:
             # load it, and ask the client to come back rather than answer late.
@@ -756,13 +768,18 @@ class Router:
             await asyncio.wait([task], timeout=timeout_s)
         return name
 
-    def _hint(self, name: str) -> asyncio.Task[None] | None:
-        """Load `name` in the background; its task (the running one if a load is under way)."""
+    def _hint(self, name: str, *, optional: bool = False) -> asyncio.Task[None] | None:
+        """Load `name` in the background; its task (the running one if a load is under way). An
+        `optional` load (a cheaper variant than the one serving) happens only if `load_gate` (the
+        autoscaler's view of free resources) admits it: the cluster's room is the autoscaler's
+        to spend."""
         running = self._hinted.get(name)
         if running is not None:
             return running
         entry = self._snapshot.variants.get(name)
         if entry is None or entry[1] is None:
+            return None
+        if optional and self.load_gate is not None and not self.load_gate(entry[0]):
             return None
         task = asyncio.get_running_loop().create_task(self._load(*entry), name=f"load-hint:{name}")
         self._hinted[name] = task

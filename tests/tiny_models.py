@@ -109,6 +109,44 @@ def mlp_onnx(
     return model.SerializeToString()
 
 
+def deep_conv_onnx(channels: int = 64, layers: int = 8, classes: int = 10, seed: int = 0) -> bytes:
+    """The 8×8 image through `layers` 3×3 convolutions of `channels` channels (ReLU), global
+    average pooling, dense, softmax: compute-bound with few weights (~2 ms per row at 64×8 on one
+    core here), so that one replica's capacity is small enough for a test to exceed."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["h_in"])]
+    inits = [numpy_helper.from_array(np.array([-1, 1, 8, 8], dtype=np.int64), "shape")]
+    prev, width = "h_in", 1
+    for i in range(layers):
+        w = rng.normal(scale=(2 / (9 * width)) ** 0.5, size=(channels, width, 3, 3)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"c{i}"))
+        nodes += [
+            helper.make_node("Conv", [prev, f"c{i}"], [f"v{i}"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"v{i}"], [f"r{i}"]),
+        ]
+        prev, width = f"r{i}", channels
+    inits.append(
+        numpy_helper.from_array(rng.normal(scale=0.1, size=(channels, classes)).astype(np.float32), "dw")
+    )
+    nodes += [
+        helper.make_node("GlobalAveragePool", [prev], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "dw"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "deep_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["n", classes])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def conv_onnx(classes: int = 10, seed: int = 0) -> bytes:
     """Reshape(64 → 1×8×8) → Conv 3×3 (4 channels) → Relu → Flatten → MatMul → Softmax."""
     rng = np.random.default_rng(seed)

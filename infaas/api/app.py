@@ -145,6 +145,7 @@ def create_app(
             interval_s=settings.autoscale_interval_s,
         )
         if settings.autoscale_interval_s > 0:
+            the_router.load_gate = autoscaler.admit_load
             autoscaler.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()

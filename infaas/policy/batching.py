@@ -121,15 +121,21 @@ def predicted_queue_delay_ms(
     in_flight_remaining_ms: Sequence[float],
     latency_ms: LatencyFn,
     params: BatchParams,
+    servers: int | None = None,
 ) -> float:
     """Predicted wait of a new one-row request before its batch is sent, by replaying the rules.
 
     `in_flight_remaining_ms` are the predicted remaining times of the batches running now. The
     queued rows go first in full batches, each taking a slot for `latency_ms(max_batch)`; the new
     request's batch takes the next free slot, except that a partial batch does not take a free
-    slot while another batch runs: it waits for the earliest completion (rule *wait*)."""
-    free_at = [max(0.0, ms) for ms in in_flight_remaining_ms]
-    free_at += [0.0] * max(0, params.max_in_flight - len(free_at))
+    slot while another batch runs: it waits for the earliest completion (rule *wait*). Slots are
+    `servers` (replicas, each running one batch at a time) when given, else `max_in_flight`."""
+    slots = params.max_in_flight if servers is None else servers
+    # With `servers` replicas running batches one at a time, each replica is free when its last
+    # batch is done: the `servers` latest predicted finishes (batches queued at a replica are
+    # predicted to start when the one before them ends).
+    free_at = sorted(max(0.0, ms) for ms in in_flight_remaining_ms)[-slots:] if slots else []
+    free_at += [0.0] * max(0, slots - len(free_at))
     heapq.heapify(free_at)
     total_rows = queued_rows + 1
     n_batches = -(-total_rows // params.max_batch)

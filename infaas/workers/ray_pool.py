@@ -459,17 +459,22 @@ class RayPool:
         return min(holders, key=lambda w: w.in_flight) if holders else None
 
     def _choose_worker(self, group: str, family: str, variant: str, avoid: set[str]) -> _Worker | None:
-        """Where a new copy of `variant` goes: a live worker of its group with room (fewest variants
-        first), else a new worker while the group is under its cap, else the least loaded worker
-        (which evicts), else — only for a retry — a worker we would rather avoid. None: no place."""
+        """Where a new copy of `variant` goes: a live worker of its group hosting nothing, else a
+        new worker while the group is under its cap, else one with room (fewest variants first),
+        else the least loaded worker (which evicts), else — only for a retry — a worker we would
+        rather avoid. None: no place. A worker runs one batch at a time, so variants sharing one
+        wait for each other, which their queues' predictions do not see: spread first."""
         members = self._group(group)
         expected_mb = self._memory_seen_mb.get(variant, 0.0)
         free = [w for w in members if w.alive and variant not in w.loaded and w.worker_id not in avoid]
         roomy = [w for w in free if w.used_mb + expected_mb <= self._budget_mb]
-        if roomy:
-            return min(roomy, key=lambda w: (len(w.loaded), w.in_flight))
+        empty = [w for w in roomy if not w.loaded]
+        if empty:
+            return min(empty, key=lambda w: w.in_flight)
         if len(members) < self._max_workers:
             return self._spawn(group, family)
+        if roomy:
+            return min(roomy, key=lambda w: (len(w.loaded), w.in_flight))
         if free:
             return min(free, key=lambda w: (w.used_mb, w.in_flight))
         fallback = [w for w in members if variant not in w.loaded]

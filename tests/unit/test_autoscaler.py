@@ -168,7 +168,7 @@ def test_a_saturated_variant_with_no_room_is_upgraded_to_a_faster_one() -> None:
             demand.listener(record(slow[0].name, 2000, timer.now_s(), batch_rows=32))
             taken += [(a.kind, a.variant) for a in await scaler.tick()]
             timer.advance(1.0)
-        assert taken == [("upgrade", fast[0].name)]
+        assert taken[0] == ("upgrade", fast[0].name)  # then the fake pool co-hosts it: room for a copy
         assert pool.is_loaded(fast[0].name)
         (event,) = [e for e in scaler.events() if e.kind == "upgrade"]
         assert "overflow goes to" in event.reason and slow[0].name in event.reason
