@@ -409,6 +409,11 @@ class AsyncBatcher:
         queue = self._queues.get(variant)
         return queue.overhead_ms if queue is not None else self._initial_overhead_ms
 
+    def slowdown(self, variant: str) -> float:
+        """Measured run time ÷ profiled for `variant`'s compute-bound batches (1.0 until measured)."""
+        queue = self._queues.get(variant)
+        return queue.slowdown if queue is not None else 1.0
+
     def queue_depths(self) -> dict[str, int]:
         """Requests waiting (not yet sent) per variant."""
         return {name: len(q.pending) for name, q in self._queues.items() if q.pending}

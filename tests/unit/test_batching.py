@@ -300,3 +300,21 @@ async def test_batches_in_flight_grow_with_the_replicas() -> None:
         await settle()
     assert all(t.done() for t in tasks)
     await batcher.close()
+
+
+async def test_a_busy_machine_slows_compute_bound_batches_and_the_predictions_follow() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant()
+    slow = make_profile(v).model_copy(update={"points": (point(1, 10.0), point(8, 10.0))})
+    for _ in range(30):  # profiled at 10 ms, each batch takes 30 ms
+        task = asyncio.create_task(batcher.submit(v, slow, rows(1.0), 1e9))
+        for _ in range(3):  # queued, pumped, sent
+            await asyncio.sleep(0)
+        timer.advance(0.030)
+        pool.release()
+        await task
+    assert 2.5 < batcher.slowdown(v.name) <= 3.0
+    assert batcher.overhead_ms(v.name) == 0.0  # the hop estimate is left alone
+    await batcher.close()

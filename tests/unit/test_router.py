@@ -286,3 +286,49 @@ def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429(
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
+    """Adding capacity is the autoscaler's call: a cold variant that is feasible only because the
+    loaded one is busy is not loaded by the query path (it filled the cluster with copies that
+    shared its cores); the query gets 429, and optional loads pass the resource gate."""
+
+    async def scenario() -> None:
+        store = store_with_one_task()
+        entries = [
+            make_entry(
+                "m", "onnxruntime", t, accuracy=0.9, base_ms=1.0, per_row_ms=1.0, price_usd_per_s=t * 1e-5
+            )
+            for t in (1, 2)
+        ]
+        store.register_architecture(make_arch("m", "t"), [v for v, _ in entries], [])
+        for _, profile in entries:
+            store.put_profile(profile)
+        (cheap, cheap_profile), (pricey, _) = entries
+        pool = RecordingPool(gated=True)
+        batcher = AsyncBatcher(pool, max_in_flight=1, initial_overhead_ms=0.0)
+        router = Router(store, pool, batcher, machine=MACHINE)
+        router.refresh()
+        await pool.ensure_loaded(cheap)
+        slo = SLO(latency_ms=100)
+        assert router.route("t", 1, slo, now_s=0.0).variant.name == cheap.name
+        rows = np.zeros((32, 4), dtype=np.float32)
+        waiting = [asyncio.create_task(batcher.submit(cheap, cheap_profile, rows, 1e12)) for _ in range(4)]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="busy") as busy:
+            router.route("t", 1, slo, now_s=1.0)
+        assert busy.value.fields["variant"] == cheap.name
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not pool.is_loaded(pricey.name)
+        # the gate: a cheaper variant hinted while a pricier one serves loads only if it admits it
+        asked: list[str] = []
+        router.load_gate = lambda v: asked.append(v.name) is not None  # refuses, and records
+        assert router._hint(pricey.name, optional=True) is None and asked == [pricey.name]
+        pool.release(4)
+        await asyncio.gather(*waiting)
+        await router.close()
+        await batcher.close()
+
+    asyncio.run(scenario())

@@ -139,3 +139,12 @@ def test_queue_delay_grows_with_the_queue(queued: int, running: list[float], max
     a = predicted_queue_delay_ms(queued, running, LAT, params)
     b = predicted_queue_delay_ms(queued + max_batch, running, LAT, params)
     assert 0.0 <= a <= b
+
+
+def test_batches_beyond_the_replicas_wait_for_one_to_free() -> None:
+    # Two batches in flight on one replica run one after the other: a new request's batch starts
+    # when the later one ends, not when the earlier does.
+    params = BatchParams(max_batch=8, max_in_flight=2)
+    assert predicted_queue_delay_ms(0, [10.0, 20.0], lambda n: 5.0, params) == pytest.approx(10.0)
+    assert predicted_queue_delay_ms(0, [10.0, 20.0], lambda n: 5.0, params, servers=1) == pytest.approx(20.0)
+    assert predicted_queue_delay_ms(0, [10.0, 20.0], lambda n: 5.0, params, servers=2) == pytest.approx(10.0)
