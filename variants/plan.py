@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from infaas.types import ModelKind, Precision, RuntimeName, VariantSpec
 
@@ -108,6 +108,18 @@ class OrtProviderProbe:
         opts = ort.SessionOptions()
         opts.log_severity_level = 4
         found = {CPU_PROVIDER}
+        # A provider whose libraries are missing logs an error banner through ORT's default
+        # logger before the session falls back; on a CPU machine that is every probe. The
+        # cause goes to our log instead, and the logger is put back to ORT's default (warning).
+        ort.set_default_logger_severity(4)
+        try:
+            self._probe(ort, payload, opts, found)
+        finally:
+            ort.set_default_logger_severity(2)
+        return frozenset(found)
+
+    @staticmethod
+    def _probe(ort: Any, payload: bytes, opts: Any, found: set[str]) -> None:
         for provider in (CUDA_PROVIDER, TRT_PROVIDER):
             if provider == TRT_PROVIDER and CUDA_PROVIDER not in found:
                 break  # TensorRT runs on CUDA; probing it without CUDA only prints loader errors
@@ -118,7 +130,6 @@ class OrtProviderProbe:
                 continue
             if provider in session.get_providers():
                 found.add(provider)
-        return frozenset(found)
 
 
 @dataclass(frozen=True)
