@@ -14,9 +14,12 @@ from trained weights, registered as kind "onnx". For each variant built: where O
 batch size measured with the profiler's own loop (`profiler.harness.measure_point`).
 
 Without a usable GPU it runs the CPU side, says so and what it would exercise, and exits 0
-(1 under --require-gpu). Any failed check exits 1. When the probe cannot load its own probe model
-(onnx 1.23 writes IR 14, onnxruntime 1.31 reads up to 13), that is a failed check on a GPU machine,
-and the rest of the run pins the probe model's IR to 9 so the GPU paths behind it are still checked.
+(1 under --require-gpu). Any failed check exits 1. On a GPU machine the pass/fail of detection is
+infaas's OrtProviderProbe as shipped, run in a fresh process with nothing patched: it must find
+CUDAExecutionProvider. If this onnxruntime refuses the probe's own model (OrtProviderProbe.probe_model;
+before the fix on main it was written at onnx's default IR 14, which onnxruntime 1.31 refuses), that is
+a failed check too, and only then does the rest of the run pin the probe model's IR to 9 so the GPU
+paths behind it are still checked.
 If CUDA's libraries are not on the loader's path, pip's nvidia/* folders are preloaded
 (--cuda-libs). Writes gpu_check.{md,json,log} to --out (default: $OUT when set).
 
@@ -194,23 +197,20 @@ def probe_model_error() -> str | None:
     """Why a CPU session cannot load the model OrtProviderProbe builds (None: it loads).
 
     The probe swallows every session error as "provider absent", so a model this onnxruntime refuses
-    makes every accelerator look absent."""
+    makes every accelerator look absent. The model is infaas's own (OrtProviderProbe.probe_model)."""
+    import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
-        "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])  # as variants/plan.py
+    from variants.plan import OrtProviderProbe
+
+    payload = OrtProviderProbe.probe_model()
+    ir_version = onnx.load_model_from_string(payload).ir_version
     try:
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT's errors are untyped
         text = str(exc).strip()
         start = text.find("Unsupported")
-        return f"IR {model.ir_version}: " + (text[start:] if start >= 0 else text[-160:])
+        return f"IR {ir_version}: " + (text[start:] if start >= 0 else text[-160:])
     return None
 
 
@@ -674,6 +674,13 @@ def main(argv: list[str] | None = None) -> int:
     for line in noise.splitlines()[-6:]:
         report.say(f"  | {line[:240]}")
     env["OrtProviderProbe, fresh process"] = str(as_is)
+    if machine.gpu:
+        # The pass/fail of GPU detection: the shipped probe, unpatched, in a fresh process.
+        report.check(
+            "infaas's OrtProviderProbe, unpatched, in a fresh process finds CUDAExecutionProvider",
+            CUDA in as_is,
+            str(as_is),
+        )
     model_error = probe_model_error()
     env["probe model loads in this onnxruntime"] = "yes" if model_error is None else f"NO ({model_error})"
     report.say(f"the probe's model loads in this onnxruntime: {env['probe model loads in this onnxruntime']}")
