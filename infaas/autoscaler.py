@@ -158,7 +158,8 @@ class Autoscaler:
     `catalog` returns the variants the service knows with their usable profiles and `tasks` the
     task of each architecture (the router's snapshot); `queue_age_ms` the batcher's oldest waiting
     request per variant; `resources` (total, available) vCPUs and GPUs of the cluster, of which
-    `reserved_cpus` are the front end's own."""
+    `reserved_cpus` are the front end's own. With `act` false it only accounts the fleet's cost
+    (a static deployment, the baseline the benchmarks compare with)."""
 
     def __init__(
         self,
@@ -173,6 +174,7 @@ class Autoscaler:
         clock: Callable[[], float] = time.time,
         interval_s: float = 1.0,
         reserved_cpus: float = 0.0,
+        act: bool = True,
     ) -> None:
         self._placement = placement
         self._catalog = catalog
@@ -182,6 +184,7 @@ class Autoscaler:
         self._queue_age_ms = queue_age_ms
         self._resources = resources or _local_resources
         self._reserved_cpus = reserved_cpus
+        self.act = act
         self._free = (math.inf, math.inf)  # until the first round has measured them
         self._clock = clock
         self._state = ScalingState()
@@ -266,8 +269,9 @@ class Autoscaler:
     async def tick(self) -> list[Action]:
         """One round: observe, decide, apply, account. Returns the actions taken."""
         now_s = self._clock()
-        snap = self.snapshot(now_s)
-        actions, self._state = decide(snap, self.config, self._state, now_s)
+        actions: list[Action] = []
+        if self.act:
+            actions, self._state = decide(self.snapshot(now_s), self.config, self._state, now_s)
         catalog = self._catalog()
         for action in actions:
             variant, profile = catalog[action.variant]

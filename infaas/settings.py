@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     worker_memory_budget_mb: float = Field(default=2048.0, gt=0, description="Per worker process.")
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
     autoscale_interval_s: float = Field(default=1.0, ge=0, description="Autoscaler round; 0: off.")
+    autoscale: bool = Field(
+        default=True,
+        description="false: the fleet stays as the query path loads it (a static deployment); the "
+        "rounds still account its cost.",
+    )
     autoscale_downscale_delay_s: float = Field(
         default=30.0,
         ge=0,

@@ -143,9 +143,11 @@ def create_app(
             resources=resources,
             reserved_cpus=settings.front_end_cpus,
             interval_s=settings.autoscale_interval_s,
+            act=settings.autoscale,
         )
         if settings.autoscale_interval_s > 0:
-            the_router.load_gate = autoscaler.admit_load
+            if settings.autoscale:
+                the_router.load_gate = autoscaler.admit_load
             autoscaler.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()

@@ -307,28 +307,31 @@ def _scale_down(r: _Round, variants: list[VariantState]) -> bool:
         return False
     total = sum(v.arrival_rows_per_s for v in loaded)
     room_all = sum(cfg.target_utilization * v.capacity_rows_per_s * v.replicas for v in loaded)
+    # Every way down is a wish with its own clock, all recorded this round (so the hold-downs of
+    # several run together); the first that has held long enough is taken.
+    wishes: list[tuple[VariantState, ActionKind, int, str]] = []
     # Downgrade: the priciest loaded variant (never an active warm floor), when the cheaper loaded
     # ones hold the whole load and meet the accuracy its traffic asked for.
     movable = [v for v in loaded if not (v.floor and v.active)]
+    top: VariantState | None = None
     if len(loaded) > 1 and movable:
         top = max(movable, key=lambda v: (v.usd_per_row, v.name))
         rest = [v for v in loaded if v is not top]
         room = sum(cfg.target_utilization * v.capacity_rows_per_s * v.replicas for v in rest)
-        accurate = any(v.accuracy >= top.required_accuracy for v in rest)
-        if total <= room and accurate:
-            ready, for_s = r.held(top.name, "down", cfg.downscale_delay_s)
-            if ready:
-                fits = (
-                    f"the task's {total:.0f} rows/s fit the cheaper loaded variant(s) "
-                    f"({room:.0f} rows/s at {cfg.target_utilization:.0%}) for {for_s:.0f} s"
-                )
-                if top.arrival_rows_per_s > 0:
-                    r.act("downgrade", top, 0, fits)
-                else:
-                    r.act("unload", top, 0, f"no traffic; {fits}")
-                return True
-            return False
+        if total <= room and any(v.accuracy >= top.required_accuracy for v in rest):
+            fits = (
+                f"the task's {total:.0f} rows/s fit the cheaper loaded variant(s) "
+                f"({room:.0f} rows/s at {cfg.target_utilization:.0%})"
+            )
+            if top.arrival_rows_per_s > 0:
+                wishes.append((top, "downgrade", 0, fits))
+            else:
+                wishes.append((top, "unload", 0, f"no traffic; {fits}"))
+        else:
+            top = None
     for v in reversed(loaded):  # priciest per row first
+        if v is top:
+            continue
         need = needed_replicas(v, cfg)
         held = r.hold.get(v.name)
         if held is not None:
@@ -340,18 +343,21 @@ def _scale_down(r: _Round, variants: list[VariantState]) -> bool:
         after = room_all - cfg.target_utilization * v.capacity_rows_per_s * (v.replicas - need)
         if need >= v.replicas or after < total:
             continue
-        ready, for_s = r.held(v.name, "down", cfg.downscale_delay_s)
-        if not ready:
-            continue
         if need == 0:
-            r.act("unload", v, 0, f"no traffic for {for_s:.0f} s and not a warm floor")
+            wishes.append((v, "unload", 0, "no traffic, and not a warm floor"))
         else:
-            r.act(
-                "remove",
-                v,
-                need,
-                f"{v.arrival_rows_per_s:.0f} rows/s needs {need} replica(s) of "
-                f"{v.capacity_rows_per_s:.0f} rows/s at {cfg.target_utilization:.0%} (for {for_s:.0f} s)",
+            wishes.append(
+                (
+                    v,
+                    "remove",
+                    need,
+                    f"{v.arrival_rows_per_s:.0f} rows/s needs {need} replica(s) of "
+                    f"{v.capacity_rows_per_s:.0f} rows/s at {cfg.target_utilization:.0%}",
+                )
             )
-        return True
+    ready = [(wish, r.held(wish[0].name, "down", cfg.downscale_delay_s)) for wish in wishes]
+    for (v, kind, replicas, why), (is_ready, for_s) in ready:
+        if is_ready:
+            r.act(kind, v, replicas, f"{why}, for {for_s:.0f} s")
+            return True
     return False

@@ -206,14 +206,18 @@
       tr.appendChild(el("td", { class: "num queries", "data-queries": s.queries }, s.queries));
       tr.appendChild(el("td", { class: "num cost", "data-cost-usd": s.cost_usd, title: s.cost_usd + " USD" },
         fmtUsd(s.cost_usd)));
+      for (const k of ["slo_met", "slo_missed", "refused", "failed"]) {
+        tr.appendChild(el("td", { class: `num ${k}`, [`data-${k.replace("_", "-")}`]: s[k] }, s[k]));
+      }
       tr.appendChild(el("td", { class: "num slo" }, fmtPct(s.slo_attainment)));
       tr.appendChild(el("td", { class: "num p50" }, fmtMs(s.p50_ms)));
       tr.appendChild(el("td", { class: "num p99" }, fmtMs(s.p99_ms)));
       tbody.appendChild(tr);
     }
-    if (report.tenants.length === 0) emptyRow(tbody, 6, "no tenants yet");
+    if (report.tenants.length === 0) emptyRow(tbody, 10, "no tenants yet");
     const s = report.totals;
     totalsBox($("totals"), [["queries", s.queries], ["cost", fmtUsd(s.cost_usd)],
+      ["refused", s.refused], ["failed", s.failed],
       ["SLO attainment", fmtPct(s.slo_attainment)], ["p99", fmtMs(s.p99_ms)]]);
   }
 
@@ -235,7 +239,21 @@
   function fleetView(fleet) {
     totalsBox($("fleet-totals"), [["workers", fleet.workers.length], ["loaded replicas", fleet.loaded_variants],
       ["memory", `${fmtMb(fleet.memory_used_mb)} / ${fmtMb(fleet.memory_budget_mb)}`],
-      ["waiting", Object.values(fleet.queue_depths).reduce((a, b) => a + b, 0)]]);
+      ["waiting", Object.values(fleet.queue_depths).reduce((a, b) => a + b, 0)],
+      ["fleet cost / hour", fmtUsd(fleet.cost.usd_per_hour)], ["fleet cost so far", fmtUsd(fleet.cost.total_usd)]]);
+    const replicas = $("replicas-table").querySelector("tbody");
+    replicas.replaceChildren();
+    const names = new Set([...Object.keys(fleet.replicas), ...Object.keys(fleet.cost.by_variant)]);
+    for (const name of [...names].sort()) {
+      const c = fleet.cost.by_variant[name] || { usd: 0, usd_per_hour: 0 };
+      const tr = el("tr", { "data-variant": name });
+      tr.appendChild(el("td", {}, name));
+      tr.appendChild(el("td", { class: "num replicas" }, fleet.replicas[name] || 0));
+      tr.appendChild(el("td", { class: "num" }, fmtUsd(c.usd_per_hour)));
+      tr.appendChild(el("td", { class: "num" }, fmtUsd(c.usd)));
+      replicas.appendChild(tr);
+    }
+    if (names.size === 0) emptyRow(replicas, 4, "nothing loaded");
     const workers = $("workers-table").querySelector("tbody");
     workers.replaceChildren();
     for (const w of fleet.workers) {
