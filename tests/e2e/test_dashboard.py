@@ -35,6 +35,9 @@ def table_rows(page: Page) -> dict[str, dict[str, str]]:
         cost = tr.locator("td.cost")
         rows[name] = {
             "queries": tr.locator("td.queries").inner_text(),
+            "split": ",".join(
+                tr.locator(f"td.{k}").inner_text() for k in ("slo_met", "slo_missed", "refused", "failed")
+            ),
             "cost_text": cost.inner_text(),
             "cost_usd": cost.get_attribute("data-cost-usd") or "",
         }
@@ -47,6 +50,8 @@ def assert_table_matches(rows: dict[str, dict[str, str]], report: dict[str, Any]
         shown = rows[tenant["tenant"]]
         totals = tenant["totals"]
         assert int(shown["queries"]) == totals["queries"]
+        split = [totals[k] for k in ("slo_met", "slo_missed", "refused", "failed")]
+        assert shown["split"] == ",".join(str(n) for n in split)
         assert float(shown["cost_usd"]) == totals["cost_usd"]
         # What a person reads: 4 significant digits of the same amount.
         assert shown["cost_text"].startswith("$")
@@ -86,6 +91,7 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
             assert page.locator("#variant-chart svg rect").count() >= 1
             assert page.locator("#workers-table tbody tr[data-worker='inprocess-0']").count() == 1
             assert page.locator("#events-table tbody tr[data-kind='route']").count() >= 1
+            assert page.locator("#replicas-table tbody tr[data-variant]").count() >= 1
 
             # It refreshes itself: more traffic shows up without a reload.
             more = send_traffic(server, {"beta": keys["beta"]}, {"beta": 3})
