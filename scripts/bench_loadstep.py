@@ -237,13 +237,13 @@ def svg(runs: list[Run], path: Path, width_s: float) -> None:
         ("usd_per_hour", "fleet cost (USD/h)"),
     ]
     colors = {"static": "#888888", "adaptive": "#1f77b4"}
-    w, h, pad = 640, 150, 40
+    w, h, pad = 640, 150, 40  # one chart: width, height, margin
     data = {run.mode: bins(run, width_s) for run in runs}
     total_s = max(b["t_s"] for bs in data.values() for b in bs) + width_s
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{len(charts) * (h + 20) + 30}">']
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{len(charts) * (h + 32) + 30}">']
     parts.append("<style>text{font:11px sans-serif}</style>")
     for i, (key, title) in enumerate(charts):
-        top = 20 + i * (h + 20)
+        top = 20 + i * (h + 32)
         values = [b[key] for bs in data.values() for b in bs if b[key] is not None]
         vmax = max(values + ([TARGET_MS] if key == "p99_ms" else []) + [1e-12]) * 1.1
         parts.append(f'<text x="{pad}" y="{top - 4}">{title} (max {vmax / 1.1:.3g})</text>')
@@ -254,6 +254,9 @@ def svg(runs: list[Run], path: Path, width_s: float) -> None:
         def xy(t: float, v: float, top: int = top, vmax: float = vmax) -> str:
             return f"{pad + (w - 2 * pad) * t / total_s:.1f},{top + h - h * v / vmax:.1f}"
 
+        for t in range(0, int(total_s) + 1, 10):
+            x = pad + (w - 2 * pad) * t / total_s
+            parts.append(f'<text x="{x:.1f}" y="{top + h + 12}" text-anchor="middle">{t} s</text>')
         if key == "p99_ms":
             parts.append(
                 f'<line x1="{pad}" x2="{w - pad}" y1="{top + h - h * TARGET_MS / vmax:.1f}" '
@@ -265,7 +268,7 @@ def svg(runs: list[Run], path: Path, width_s: float) -> None:
                 f'<polyline points="{points}" fill="none" stroke="{colors.get(mode, "#000")}" '
                 'stroke-width="2"/>'
             )
-    legend_y = len(charts) * (h + 20) + 20
+    legend_y = len(charts) * (h + 32) + 20
     for j, mode in enumerate(data):
         parts.append(
             f'<text x="{pad + j * 120}" y="{legend_y}" fill="{colors.get(mode, "#000")}">— {mode}</text>'
