@@ -7,8 +7,10 @@ Every `interval_s` it measures a `FleetSnapshot` and applies what the pure `deci
   and highest accuracy target its traffic asked for, the batch sizes it really ran at;
 - one replica's capacity at those batch sizes, from the profile's latency curve;
 - the oldest queued request's age (the batcher), replicas and path (the `Placement`);
-- the free vCPUs / GPUs: what Ray reports available, less what this fleet's replicas hold (worker
-  actors reserve no logical CPU: their variants' threads are explicit, so Ray cannot count them);
+- the free vCPUs / GPUs: what Ray reports available, less what the workers hold (worker actors
+  reserve no logical CPU, since their variants' threads are explicit, so Ray cannot count them; a
+  worker runs one batch at a time, so it holds its widest variant's threads) and less the front
+  end's own `reserved_cpus`;
 - per architecture, when it last had traffic (or was first seen), for the warm floor.
 
 Actions go through the placement layer (replicate, load, unload), and each is recorded as a fleet

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_serving import ADMIN_KEY, Server, free_port, stop_server
+from bench_serving import ADMIN_KEY, Server, free_port, stop_server, wait_ready
 
 from tests import tiny_models
 
@@ -92,17 +92,11 @@ def start(workdir: Path, mode: str, ray_cpus: int, hold_down_s: float) -> tuple[
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     server = Server(mode, proc, f"{base}/v1/query")
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                stop_server(server)
-                raise SystemExit(f"{mode}: the service did not start; see {workdir / mode}.log") from None
-            time.sleep(0.3)
+    try:
+        wait_ready(base, proc)
+    except OSError:
+        stop_server(server)
+        raise SystemExit(f"{mode}: the service did not start; see {workdir / mode}.log") from None
     key = _request(f"{base}/v1/admin/tenants", {"name": "bench"}, ADMIN_KEY)["api_key"]
     return server, key
 

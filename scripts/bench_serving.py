@@ -416,6 +416,22 @@ def prepare_service(workdir: Path, artifact: Path, variant: Any, profile: Any) -
     return data_dir
 
 
+def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    """Until `infaas serve` at `base` answers /readyz 200; raises if it exits or takes too long."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise
+            time.sleep(0.3)
+
+
 def start_service(workdir: Path, variant: Any, journal: str = "fsync") -> Server:
     """`infaas serve` on the prepared data dir, and a tenant pinned to the benchmark variant."""
     import urllib.request
@@ -435,16 +451,7 @@ def start_service(workdir: Path, variant: Any, journal: str = "fsync") -> Server
     base = f"http://127.0.0.1:{port}"
     server = Server("infaas-service", proc, f"{base}/v1/query")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
+        wait_ready(base, proc)
         req = urllib.request.Request(
             f"{base}/v1/admin/tenants",
             data=json.dumps({"name": f"bench-{port}"}).encode(),

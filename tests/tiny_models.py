@@ -31,6 +31,14 @@ def validation_bytes(x: np.ndarray, y: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _serialized(graph: onnx.GraphProto) -> bytes:
+    """The checked model of `graph` at opset 17 and IR 8 (what every supported ONNX Runtime reads)."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
 def linear_onnx(
     in_dim: int = 64,
     classes: int = 10,
@@ -63,10 +71,7 @@ def linear_onnx(
         [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["n", classes])],
         [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "b")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def mlp_onnx(
@@ -103,10 +108,7 @@ def mlp_onnx(
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["n", classes])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def deep_conv_onnx(channels: int = 64, layers: int = 8, classes: int = 10, seed: int = 0) -> bytes:
@@ -141,10 +143,7 @@ def deep_conv_onnx(channels: int = 64, layers: int = 8, classes: int = 10, seed:
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["n", classes])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def conv_onnx(classes: int = 10, seed: int = 0) -> bytes:
@@ -171,10 +170,7 @@ def conv_onnx(classes: int = 10, seed: int = 0) -> bytes:
             numpy_helper.from_array(dense_w, "dw"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def sklearn_logreg(x: np.ndarray, y: np.ndarray) -> object:
