@@ -284,6 +284,99 @@ def zoo_install(
         store.close()
 
 
+@app.command("simulate")
+def simulate(
+    trace: str = typer.Option(
+        "bursty", "--trace", help="poisson, diurnal, bursty, or a recorded FILE.csv (time_s,tenant,task,…)."
+    ),
+    seconds: float = typer.Option(120.0, "--seconds", help="Virtual seconds of a generated trace."),
+    rate: float = typer.Option(200.0, "--rate", help="Mean queries/s of a generated trace."),
+    mode: str = typer.Option("all", "--mode", help="modelless, static, replicate-only, or all."),
+    workers: int = typer.Option(4, "--workers", help="Simulated worker machines."),
+    cores: int = typer.Option(8, "--cores", help="Cores per worker."),
+    synthetic: str | None = typer.Option(
+        None, "--synthetic", help="TASKSxVARIANTS (e.g. 10x100): a synthetic zoo instead of the store's."
+    ),
+    static_replicas: int | None = typer.Option(
+        None, "--static-replicas", help="Replicas per variant in static mode (default: sized for the peak)."
+    ),
+    noise: float = typer.Option(0.1, "--noise", help="Log-normal sigma of a batch's run time around p50."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the trace and the noise."),
+    svg_path: Annotated[
+        Path | None, typer.Option("--svg", help="Write replicas, p99 and fleet cost over time here.")
+    ] = None,
+    save_trace: Annotated[
+        Path | None, typer.Option("--save-trace", help="Write the generated trace as CSV.")
+    ] = None,
+    per_tenant: bool = typer.Option(True, "--per-tenant/--totals", help="Rows per tenant under each mode."),
+) -> None:
+    """Replay a trace through the service's own policies in virtual time, per mode (no service runs)."""
+    import numpy as np
+    from rich.progress import Progress
+
+    from infaas.sim import engine, report, traces
+    from infaas.sim.zoo import from_store, mixed_tenants, synthetic_zoo
+
+    modes = list(engine.MODES) if mode == "all" else [mode]
+    if any(m not in engine.MODES for m in modes):
+        console.print(f"[red]error:[/] --mode is one of {', '.join(engine.MODES)} or all")
+        raise typer.Exit(2)
+    if synthetic is not None:
+        try:
+            n_tasks, n_variants = (int(x) for x in synthetic.lower().split("x"))
+        except ValueError as exc:
+            console.print("[red]error:[/] --synthetic is TASKSxVARIANTS, e.g. 10x100")
+            raise typer.Exit(2) from exc
+        zoo = synthetic_zoo(n_tasks, n_variants, seed=seed)
+        source = f"synthetic zoo: {n_tasks} task(s) × {n_variants} variants"
+    else:
+        settings = load_settings()
+        zoo = from_store(str(settings.data_dir))
+        source = f"the store under {settings.data_dir}: {len(zoo.variants)} profiled variant(s)"
+        if not zoo.variants:
+            console.print(f"[red]error:[/] no profiled variants in {settings.data_dir}; try --synthetic 2x20")
+            raise typer.Exit(1)
+    rng = np.random.default_rng(seed)
+    if trace in ("poisson", "diurnal", "bursty"):
+        mix = mixed_tenants(zoo)
+        if trace == "poisson":
+            the_trace = traces.poisson([(seconds, rate)], mix, rng)
+        elif trace == "diurnal":
+            the_trace = traces.diurnal(seconds, rate, mix, rng)
+        else:
+            the_trace = traces.bursty(seconds, rate, mix, rng)
+    else:
+        the_trace = traces.read_csv(Path(trace))
+    if save_trace is not None:
+        traces.write_csv(the_trace, save_trace)
+    console.print(
+        f"{source}; trace {trace}: {len(the_trace):,} queries over {the_trace.duration_s:.0f} s, "
+        f"{len(the_trace.tenants)} tenant(s); {workers} worker(s) × {cores} cores"
+    )
+    config = engine.SimConfig(
+        workers=workers, cores=cores, noise=noise, seed=seed, static_replicas=static_replicas
+    )
+    results = []
+    with Progress(console=console, transient=True) as progress:
+        for m in modes:
+            bar = progress.add_task(m, total=1.0)
+
+            def advance(done: float, bar: Any = bar) -> None:
+                progress.update(bar, completed=done)
+
+            results.append(engine.simulate(zoo, the_trace, m, config, progress=advance))  # type: ignore[arg-type]
+    report.print_report(results, console, per_tenant)
+    for r in results:
+        console.print(
+            f"{r.mode}: {r.wall_s:.1f} s wall "
+            f"({len(the_trace) / max(r.wall_s, 1e-9):,.0f} queries/s simulated); "
+            f"autoscaler actions {r.actions or 'none'}"
+        )
+    if svg_path is not None:
+        report.svg(results, svg_path)
+        console.print(f"plot: {svg_path}")
+
+
 @app.command("query")
 def query(
     task: str = typer.Argument(..., help="Task name (`GET /v1/tasks` lists them)."),

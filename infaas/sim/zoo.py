@@ -1,0 +1,188 @@
+"""The variants a simulation serves: from a data dir's store, or a synthetic zoo.
+
+A `Zoo` is the catalog the router's snapshot holds (variants with their usable profiles, the task
+of each architecture); the simulator builds the same `VariantTable`s from it that the router does.
+
+The synthetic zoo stands in for hundreds of profiled variants when there are none (scale runs):
+per architecture a compute cost drawn log-uniformly and an accuracy that grows with it (bigger
+models are slower and more accurate), and per variant a runtime, precision and thread count that
+scale latency, accuracy and price the way the measured variants do in `docs/benchmarks.md`
+(int8 faster and slightly less accurate, more threads faster and dearer per second). Latency is
+linear in the batch size with a fixed part, so batching pays, as it does on the real runtimes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from infaas.sim.traces import TenantSpec
+from infaas.types import (
+    SLO,
+    LatencyPoint,
+    MachineInfo,
+    Parity,
+    Precision,
+    Profile,
+    RuntimeName,
+    Variant,
+    VariantSpec,
+)
+
+__all__ = ["Zoo", "from_store", "mixed_tenants", "synthetic_zoo"]
+
+SYNTHETIC_MACHINE = MachineInfo(cpu_model="synthetic", cores=8)
+USD_PER_CORE_S = 0.045 / 3600.0  # a cloud vCPU-hour, the price `profiler/cost.py` defaults to
+_BATCHES = (1, 2, 4, 8, 16, 32)
+_RUNTIMES: tuple[tuple[RuntimeName, float], ...] = (("onnxruntime", 1.0), ("tensorflow", 1.6))
+_PRECISIONS: tuple[tuple[Precision, float, float], ...] = (
+    ("fp32", 1.0, 0.0),
+    ("fp16", 0.85, 0.002),
+    ("int8", 0.55, 0.012),
+)
+_THREADS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Zoo:
+    """Profiled variants by name, and the task of each architecture."""
+
+    variants: dict[str, tuple[Variant, Profile]]
+    tasks: dict[str, str]  # architecture → task
+
+    def by_task(self) -> dict[str, list[tuple[Variant, Profile]]]:
+        out: dict[str, list[tuple[Variant, Profile]]] = {}
+        for variant, profile in self.variants.values():
+            out.setdefault(self.tasks[variant.architecture], []).append((variant, profile))
+        return out
+
+
+def _profile(variant: Variant, base_ms: float, accuracy: float, load_time_s: float) -> Profile:
+    per_row_ms = 0.12 * base_ms  # the fixed part dominates one row: batching raises throughput
+
+    def p50(b: int) -> float:
+        return base_ms + per_row_ms * (b - 1)
+
+    points = tuple(
+        LatencyPoint(
+            batch=b,
+            p50_ms=p50(b),
+            p95_ms=1.15 * p50(b),
+            p99_ms=1.3 * p50(b),
+            mean_ms=1.05 * p50(b),
+            throughput_qps=1000.0 * b / p50(b),
+            samples=100,
+            stable=True,
+            stop_reason="stable",
+            cost_usd_per_1k=0.0,
+        )
+        for b in _BATCHES
+        if b <= variant.spec.max_batch
+    )
+    return Profile(
+        variant=variant.name,
+        machine=SYNTHETIC_MACHINE,
+        measured_at_s=0.0,
+        points=points,
+        fit_intercept_ms=base_ms - per_row_ms,
+        fit_slope_ms=per_row_ms * 1.3,
+        load_time_s=load_time_s,
+        accuracy=accuracy,
+        price_usd_per_s=variant.spec.threads * USD_PER_CORE_S,
+    )
+
+
+def synthetic_zoo(tasks: int, variants_per_task: int, seed: int = 0, max_batch: int = 32) -> Zoo:
+    """`tasks` tasks of `variants_per_task` variants each, reproducible from `seed`. Each
+    architecture has up to 18 variants (2 runtimes × 3 precisions × 3 thread counts)."""
+    if tasks < 1 or variants_per_task < 1:
+        raise ValueError("tasks and variants_per_task must be at least 1")
+    rng = np.random.default_rng(seed)
+    combos = list(itertools.product(_RUNTIMES, _PRECISIONS, _THREADS))
+    per_arch = min(len(combos), 10)
+    variants: dict[str, tuple[Variant, Profile]] = {}
+    arch_task: dict[str, str] = {}
+    for t in range(tasks):
+        task = f"task{t}"
+        n_arch = math.ceil(variants_per_task / per_arch)
+        left = variants_per_task
+        for a in range(n_arch):
+            arch = f"{task}-arch{a}"
+            arch_task[arch] = task
+            compute_ms = float(math.exp(rng.uniform(math.log(0.4), math.log(25.0))))
+            # Accuracy rises with log compute (0.70 at the cheapest, ~0.97 at the dearest), with noise.
+            span = (math.log(compute_ms) - math.log(0.4)) / (math.log(25.0) - math.log(0.4))
+            accuracy = float(np.clip(0.70 + 0.27 * span + rng.normal(0.0, 0.01), 0.5, 0.995))
+            load_time_s = 0.3 + 0.15 * compute_ms
+            picks = rng.permutation(len(combos))[: min(per_arch, left)]
+            left -= len(picks)
+            for k in picks:
+                (runtime, rt_factor), (precision, p_factor, acc_loss), threads = combos[int(k)]
+                spec = VariantSpec(
+                    architecture=arch,
+                    runtime=runtime,
+                    precision=precision,
+                    threads=threads,
+                    max_batch=max_batch,
+                )
+                variant = Variant(
+                    spec=spec,
+                    artifact="synthetic",
+                    sha256="0" * 64,
+                    parity=Parity(top1_agreement=1.0 - acc_loss, max_abs_diff=0.0, samples=1),
+                )
+                base_ms = compute_ms * rt_factor * p_factor / threads**0.7
+                variants[variant.name] = (
+                    variant,
+                    _profile(variant, base_ms, accuracy - acc_loss, load_time_s),
+                )
+    return Zoo(variants=variants, tasks=arch_task)
+
+
+def from_store(data_dir: str) -> Zoo:
+    """The variants of a data dir's store with the profiles usable on this machine, as the
+    router's snapshot reads them (foreign and failed profiles left out)."""
+    from infaas.router import Snapshot
+    from infaas.settings import Settings
+    from infaas.store import open_store
+
+    store = open_store(Settings(data_dir=data_dir))  # type: ignore[arg-type]
+    snap = Snapshot.load(store)
+    usable = {name: (v, p) for name, (v, p) in snap.variants.items() if p is not None}
+    return Zoo(variants=usable, tasks={a.name: a.task for a in snap.architectures.values()})
+
+
+def _fastest_p99(entries: Sequence[tuple[Variant, Profile]], rows: int, min_accuracy: float) -> float:
+    fits = [
+        p.latency_ms(rows, "p99")
+        for v, p in entries
+        if p.accuracy >= min_accuracy and v.spec.max_batch >= rows
+    ]
+    return min(fits) if fits else min(p.latency_ms(rows, "p99") for _, p in entries)
+
+
+def mixed_tenants(zoo: Zoo, overhead_ms: float = 0.9) -> list[TenantSpec]:
+    """A mixed-SLO tenant mix per task, with targets set from the task's own profiles so that
+    every class is feasible on an idle fleet at any zoo scale:
+
+    - *interactive* (half the traffic): median accuracy, 3× the fastest such variant's p99;
+    - *accurate* (a fifth): the 90th-percentile accuracy, 4× its fastest p99;
+    - *bulk* (the rest): 8-row queries at the 10th-percentile accuracy, 8× its fastest p99."""
+    mix: list[TenantSpec] = []
+    for task, entries in sorted(zoo.by_task().items()):
+        accs = np.array(sorted(p.accuracy for _, p in entries))
+        for name, q, rows, factor, share in (
+            ("interactive", 0.5, 1, 3.0, 0.5),
+            ("accurate", 0.9, 1, 4.0, 0.2),
+            ("bulk", 0.1, 8, 8.0, 0.3),
+        ):
+            acc = float(np.quantile(accs, q, method="lower"))
+            rows_ok = min(rows, max(v.spec.max_batch for v, _ in entries))
+            target = factor * _fastest_p99(entries, rows_ok, acc) + overhead_ms
+            SLO(latency_ms=target, min_accuracy=acc)  # validated here, not at the first query
+            mix.append(TenantSpec(f"{task}/{name}", task, round(target, 3), acc, rows_ok, share))
+    return mix

@@ -1,0 +1,250 @@
+"""The simulator: its event loop in virtual time, admission, the autoscaler, the baselines, and
+that the policies it runs are the service's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import infaas.autoscaler
+import infaas.batching
+import infaas.metering
+import infaas.policy.autoscaling
+import infaas.policy.batching
+import infaas.policy.selection
+import infaas.router
+from infaas.policy.autoscaling import AutoscalingConfig
+from infaas.sim import engine
+from infaas.sim.engine import SimConfig, Simulation, simulate
+from infaas.sim.traces import Query, TenantSpec, Trace, poisson
+from infaas.sim.zoo import Zoo, mixed_tenants, synthetic_zoo
+from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
+
+MACHINE = MachineInfo(cpu_model="test", cores=8)
+
+
+def entry(
+    arch: str,
+    threads: int = 1,
+    *,
+    base_ms: float = 4.0,
+    per_row_ms: float = 0.5,
+    accuracy: float = 0.9,
+    price_usd_per_s: float = 1e-5,
+    load_time_s: float = 1.0,
+) -> tuple[Variant, Profile]:
+    spec = VariantSpec(architecture=arch, runtime="onnxruntime", threads=threads, max_batch=32)
+    variant = Variant(
+        spec=spec, artifact="a", sha256="0", parity=Parity(top1_agreement=1, max_abs_diff=0, samples=1)
+    )
+    points = tuple(
+        LatencyPoint(
+            batch=b,
+            p50_ms=base_ms + per_row_ms * b,
+            p95_ms=1.1 * (base_ms + per_row_ms * b),
+            p99_ms=1.2 * (base_ms + per_row_ms * b),
+            mean_ms=base_ms + per_row_ms * b,
+            throughput_qps=1000 * b / (base_ms + per_row_ms * b),
+            samples=100,
+            stable=True,
+            stop_reason="stable",
+            cost_usd_per_1k=0.0,
+        )
+        for b in (1, 8, 32)
+    )
+    profile = Profile(
+        variant=variant.name,
+        machine=MACHINE,
+        measured_at_s=0.0,
+        points=points,
+        fit_slope_ms=per_row_ms,
+        accuracy=accuracy,
+        price_usd_per_s=price_usd_per_s,
+        load_time_s=load_time_s,
+    )
+    return variant, profile
+
+
+def zoo_of(*entries: tuple[Variant, Profile], task: str = "t") -> Zoo:
+    return Zoo(
+        variants={v.name: (v, p) for v, p in entries}, tasks={v.architecture: task for v, _ in entries}
+    )
+
+
+def trace_of(*queries: Query) -> Trace:
+    return Trace.from_queries(list(queries))
+
+
+def q(at_s: float, latency_ms: float = 50.0, *, rows: int = 1, acc: float = 0.0, tenant: str = "a") -> Query:
+    return Query(at_s, tenant, "t", rows, latency_ms, acc)
+
+
+# ---- the policies are the service's ------------------------------------------------------------
+
+
+def test_the_simulator_runs_the_very_policy_functions_the_service_imports() -> None:
+    assert engine.select_policy is infaas.policy.selection.VariantTable.select
+    assert engine.predict_policy is infaas.policy.selection.VariantTable.predict
+    assert engine.batch_policy is infaas.policy.batching.decide is infaas.batching.decide
+    assert (
+        engine.queue_delay_policy
+        is infaas.policy.batching.predicted_queue_delay_ms
+        is infaas.batching.predicted_queue_delay_ms
+    )
+    assert engine.autoscale_policy is infaas.policy.autoscaling.decide is infaas.autoscaler.decide
+    assert engine.cost_share_pusd is infaas.metering.cost_share_pusd
+    assert engine.VariantTable is infaas.router.VariantTable
+    assert engine.DemandWindow is infaas.autoscaler.DemandWindow
+    assert set(engine.POLICIES.values()) >= {
+        infaas.policy.selection.VariantTable.select,
+        infaas.policy.batching.decide,
+        infaas.policy.autoscaling.decide,
+    }
+
+
+def test_every_decision_goes_through_the_named_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"batch": 0, "scale": 0}
+    real_batch, real_scale = engine.batch_policy, engine.autoscale_policy
+
+    def batch(*a, **k):  # type: ignore[no-untyped-def]
+        calls["batch"] += 1
+        return real_batch(*a, **k)
+
+    def scale(*a, **k):  # type: ignore[no-untyped-def]
+        calls["scale"] += 1
+        return real_scale(*a, **k)
+
+    monkeypatch.setattr(engine, "batch_policy", batch)
+    monkeypatch.setattr(engine, "autoscale_policy", scale)
+    simulate(zoo_of(entry("m")), trace_of(q(0.1), q(2.5)), "modelless")
+    assert calls["batch"] >= 2 and calls["scale"] >= 2
+
+
+# ---- the event loop in virtual time ------------------------------------------------------------
+
+
+def test_a_batch_completes_at_its_start_plus_the_profiles_latency_plus_the_hop() -> None:
+    variant, profile = entry("m")
+    cfg = SimConfig(hop_ms=0.8, frontend_ms=0.1)
+    sim = Simulation(zoo_of((variant, profile)), trace_of(q(0.5)), "modelless", cfg)
+    result = sim.run()
+    done_s, latency_ms = sim.answers()
+    assert done_s[0] == pytest.approx(0.5 + (profile.latency_ms(1, "p50") + 0.8) / 1000.0)
+    assert latency_ms[0] == pytest.approx(profile.latency_ms(1, "p50") + 0.8 + 0.1)
+    assert result.total.in_slo == 1
+
+
+def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() -> None:
+    cheap, dear = entry("m", base_ms=4.0), entry("n", base_ms=1.0, price_usd_per_s=1e-3)
+    # Queries a microsecond apart on one replica: the second batch waits for the first.
+    queries = [q(1.0 + i * 1e-6, 100.0) for i in range(3)] + [q(1.5, 100.0), q(0.2, 100.0)]
+    sim = Simulation(zoo_of(cheap, dear), trace_of(*queries), "modelless", SimConfig(hop_ms=0.5))
+    sim.run()
+    done_s, _ = sim.answers()
+    assert list(done_s) == sorted(done_s)
+    p50 = cheap[1].latency_ms(1, "p50")
+    first = 1.0 + (p50 + 0.5) / 1000.0
+    assert done_s[1] == pytest.approx(first)
+    # The others were batched behind it (rule *wait*: it was in flight) and ran after it.
+    assert done_s[2] > first
+
+
+# ---- admission ---------------------------------------------------------------------------------
+
+
+def test_queries_no_variant_meets_even_idle_are_422_not_refused() -> None:
+    result = simulate(zoo_of(entry("m")), trace_of(q(0.1, 1.0), q(0.2, 1.0)), "modelless")
+    t = result.total
+    assert (t.infeasible, t.refused, t.answered) == (2, 0, 0)
+
+
+def test_queries_feasible_idle_but_not_now_are_refused_with_429() -> None:
+    # One one-thread replica on a one-core worker (the front end's core aside: none to add), and a
+    # burst of queries far beyond what it answers within the target.
+    cfg = SimConfig(workers=1, cores=1, reserved_cores=0)
+    burst = [q(1.0 + i * 1e-5, 12.0) for i in range(400)]
+    result = simulate(zoo_of(entry("m")), trace_of(*burst), "modelless", cfg)
+    t = result.total
+    assert t.refused > 0 and t.infeasible == 0 and t.in_slo > 0
+    assert t.queries == t.in_slo + t.late + t.refused + t.dropped
+
+
+# ---- the autoscaler ----------------------------------------------------------------------------
+
+
+def step_trace(low: float, high: float, seconds: tuple[float, float, float], seed: int = 0) -> Trace:
+    mix = [TenantSpec("a", "t", latency_ms=40.0, min_accuracy=0.0, rows=1)]
+    schedule = [(seconds[0], low), (seconds[1], high), (seconds[2], low)]
+    return poisson(schedule, mix, np.random.default_rng(seed))
+
+
+def test_the_autoscaler_replicates_under_a_step_and_removes_after_the_hold_down() -> None:
+    cfg = SimConfig(
+        workers=1,
+        cores=16,
+        autoscaling=AutoscalingConfig(upscale_delay_s=1.0, downscale_delay_s=8.0),
+    )
+    result = simulate(
+        zoo_of(entry("m", load_time_s=0.5)), step_trace(20, 1500, (5, 10, 25)), "modelless", cfg
+    )
+    replicas = [(p.t_s, sum(p.replicas.values())) for p in result.timeline]
+    peak = max(n for _, n in replicas)
+    assert peak >= 3
+    assert replicas[-1][1] < peak
+    assert result.actions.get("replicate", 0) >= 1 and result.actions.get("remove", 0) >= 1
+    last_up = max(t for (t, n), (_, before) in zip(replicas[1:], replicas, strict=False) if n > before)
+    first_down = min(t for (t, n), (_, before) in zip(replicas[1:], replicas, strict=False) if n < before)
+    assert first_down - last_up >= 8.0  # the hold-down, in virtual time
+    # Fleet cost is replicas × price × time: above one replica's for the whole run.
+    assert result.fleet_usd > 1e-5 * result.duration_s
+
+
+# ---- the baselines -----------------------------------------------------------------------------
+
+
+def two_variant_zoo() -> Zoo:
+    return zoo_of(
+        entry("small", base_ms=1.0, accuracy=0.80, price_usd_per_s=1e-5),
+        entry("large", base_ms=6.0, accuracy=0.95, price_usd_per_s=2e-5),
+    )
+
+
+def test_static_pins_the_most_accurate_variant_and_never_changes_its_replicas() -> None:
+    cfg = SimConfig(workers=1, cores=16, static_replicas=2)
+    result = simulate(two_variant_zoo(), step_trace(20, 1500, (3, 5, 3)), "static", cfg)
+    assert result.actions == {}
+    assert {tuple(sorted(p.replicas.items())) for p in result.timeline} == {(("large/onnx-cpu-fp32-t1", 2),)}
+    assert result.fleet_usd == pytest.approx(2 * 2e-5 * result.duration_s)
+
+
+def test_replicate_only_keeps_each_tenants_first_choice_and_only_replicates_or_removes() -> None:
+    cfg = SimConfig(workers=1, cores=16, autoscaling=AutoscalingConfig(upscale_delay_s=1.0))
+    result = simulate(two_variant_zoo(), step_trace(20, 3000, (3, 8, 3)), "replicate-only", cfg)
+    assert set(result.actions) <= {"replicate", "remove"} and result.actions.get("replicate", 0) >= 1
+    used = {name for p in result.timeline for name in p.replicas}
+    assert used == {"small/onnx-cpu-fp32-t1"}  # the cheapest meeting its targets; never upgraded
+
+
+def test_modelless_may_move_load_to_another_variant() -> None:
+    cfg = SimConfig(workers=1, cores=4)
+    result = simulate(two_variant_zoo(), step_trace(20, 3000, (3, 8, 3)), "modelless", cfg)
+    assert result.total.in_slo > 0
+
+
+# ---- determinism -------------------------------------------------------------------------------
+
+
+def test_a_seed_gives_the_same_result_every_time() -> None:
+    zoo = synthetic_zoo(2, 12, seed=3)
+    trace = poisson([(3.0, 300.0), (3.0, 1200.0)], mixed_tenants(zoo), np.random.default_rng(5))
+    cfg = SimConfig(workers=2, cores=8, noise=0.2, seed=7)
+    a, b = simulate(zoo, trace, "modelless", cfg), simulate(zoo, trace, "modelless", cfg)
+    assert a.total == b.total and a.fleet_usd == b.fleet_usd and a.actions == b.actions
+    assert [p.p99_ms for p in a.timeline] == [p.p99_ms for p in b.timeline]
+    c = simulate(zoo, trace, "modelless", SimConfig(workers=2, cores=8, noise=0.2, seed=8))
+    assert [p.p99_ms for p in c.timeline] != [p.p99_ms for p in a.timeline]
+
+
+def test_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown mode"):
+        Simulation(zoo_of(entry("m")), trace_of(q(0.1)), "fancy")  # type: ignore[arg-type]
