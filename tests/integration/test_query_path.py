@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from infaas.client import Client
-from infaas.errors import Forbidden, NoFeasibleVariant
+from infaas.errors import DeadlineExceeded, Forbidden, NoFeasibleVariant, Overloaded
 from infaas.settings import Settings
 from infaas.store import open_store
 from infaas.types import Profile, Variant
@@ -89,6 +89,13 @@ def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
                 except NoFeasibleVariant as exc:
                     infeasible += 1
                     check_alternatives(exc, zoo_profiles, latency_ms, min_accuracy)
+                    continue
+                except (Overloaded, DeadlineExceeded):
+                    # Feasible on an idle fleet with the hop's prior overhead, but the target is
+                    # within a millisecond or two of it: admitted and expired (504), or refused
+                    # while the measured overhead says busy (429). Only edge targets may do that.
+                    fastest = min(p99(p) for _, p in zoo_profiles.values() if p.accuracy >= min_accuracy)
+                    assert latency_ms - fastest <= 2.5, (latency_ms, min_accuracy, fastest)
                     continue
 
                 chosen.add(result.variant)
