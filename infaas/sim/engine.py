@@ -436,6 +436,12 @@ class Simulation:
                 if not self._place(self._vqs[name], 0.0):
                     break
 
+    @property
+    def pins(self) -> dict[str, str]:
+        """Tenant → the variant its queries are pinned to (the baselines; empty for modelless):
+        what a client of the real service pins to run the same baseline."""
+        return {self._tenants[ti].tenant: name for ti, name in sorted(self._pinned.items())}
+
     def _static_replicas(self, pinned: list[str]) -> dict[str, int]:
         """Replicas per pinned variant: the configured count, or enough for the trace's peak
         5-second rows/s at the autoscaler's target utilisation (scaled down to fit the cluster)."""
