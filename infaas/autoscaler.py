@@ -161,7 +161,8 @@ class Autoscaler:
     task of each architecture (the router's snapshot); `queue_age_ms` the batcher's oldest waiting
     request per variant; `resources` (total, available) vCPUs and GPUs of the cluster, of which
     `reserved_cpus` are the front end's own. With `act` false it only accounts the fleet's cost
-    (a static deployment, the baseline the benchmarks compare with)."""
+    (a static deployment, a baseline the benchmarks compare with; `config.actions` restricted to
+    replicate and remove is the other)."""
 
     def __init__(
         self,

@@ -8,10 +8,12 @@ environment permutations).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infaas.policy.autoscaling import ActionKind
 
 __all__ = ["Settings"]
 
@@ -43,6 +45,16 @@ class Settings(BaseSettings):
         ge=0,
         description="Hold-down: how long fewer replicas (or a cheaper variant) must suffice before the "
         "autoscaler removes any; also the quiet time after a scale-up before anything goes down.",
+    )
+    autoscale_actions: str = Field(
+        default="replicate,remove,upgrade,downgrade,unload,keep_warm",
+        description="The actions the autoscaler may take, comma-separated; e.g. replicate,remove for a "
+        "replica-only autoscaler (Ray Serve or SageMaker-like: the baseline the benchmarks compare with).",
+    )
+    record_trace: Path | None = Field(
+        default=None,
+        description="Append every query (time_s,tenant,task,rows,latency_ms,min_accuracy) to this CSV, "
+        "for `infaas simulate --trace` to replay; unset: off.",
     )
     autoscale_upscale_delay_s: float = Field(
         default=2.0, ge=0, description="How long a variant must need more capacity before it gets it."
@@ -107,7 +119,16 @@ class Settings(BaseSettings):
     )
     require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
 
-    @field_validator("data_dir", "price_table", mode="after")
+    @field_validator("autoscale_actions", mode="after")
+    @classmethod
+    def _known_actions(cls, value: str) -> str:
+        known = set(get_args(ActionKind))
+        asked = {a.strip() for a in value.split(",") if a.strip()}
+        if asked - known:
+            raise ValueError(f"unknown autoscaler action(s) {sorted(asked - known)}; known: {sorted(known)}")
+        return ",".join(sorted(asked))
+
+    @field_validator("data_dir", "price_table", "record_trace", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser().resolve() if value is not None else None

@@ -34,6 +34,7 @@ from infaas.routelog import RouteLog
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
+from infaas.trace_recorder import TraceRecorder
 from infaas.types import MachineInfo
 from infaas.workers.base import WorkerPool
 from infaas.workers.inprocess import InProcessPool
@@ -138,6 +139,7 @@ def create_app(
                 upscale_delay_s=settings.autoscale_upscale_delay_s,
                 downscale_delay_s=settings.autoscale_downscale_delay_s,
                 warm_ttl_s=settings.warm_ttl_s,
+                actions=frozenset(settings.autoscale_actions.split(",")),
             ),
             queue_age_ms=batcher.oldest_age_ms,
             resources=resources,
@@ -151,6 +153,12 @@ def create_app(
             autoscaler.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()
+        recording: Periodic | None = None
+        if settings.record_trace is not None:
+            recorder = TraceRecorder(settings.record_trace)
+            meter.add_listener(recorder.listener)
+            recording = Periodic("trace-recorder", 1.0, lambda: asyncio.to_thread(recorder.flush))
+            recording.start()
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
         app.state.placement = placement
         app.state.autoscaler = autoscaler
@@ -170,6 +178,9 @@ def create_app(
             yield
         finally:
             await watchdog.close()
+            if recording is not None:
+                await recording.close()
+                recorder.flush()
             await autoscaler.close()
             await the_router.close()
             await batcher.close()

@@ -58,6 +58,11 @@ class AutoscalingConfig:
     warm_ttl_s: float = 3600.0
     pressure_ratio: float = 0.01  # misses + refusals per arriving row that count as pressure
     release_ratio: float = 0.5
+    # The kinds it may take: fewer make the baselines (replicate + remove: a replica autoscaler),
+    # and the policy then chooses among what is allowed rather than having its choice dropped.
+    actions: frozenset[str] = frozenset(
+        ("replicate", "remove", "upgrade", "downgrade", "unload", "keep_warm")
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilization <= 1:
@@ -228,7 +233,13 @@ def _scale_up(r: _Round, variants: list[VariantState]) -> bool:
         cap = need if cfg.max_replicas is None else min(need, cfg.max_replicas)
         copies = r.affordable(v, cap - v.replicas) if v.remote else 0
         short_rows = total - room - cfg.target_utilization * v.capacity_rows_per_s * copies
-        upgrade = _upgrade_target(r, v, variants, need, copies, short_rows) if short else None
+        if "replicate" not in cfg.actions:
+            copies = 0
+        upgrade = (
+            _upgrade_target(r, v, variants, need, copies, short_rows)
+            if short and "upgrade" in cfg.actions
+            else None
+        )
         if upgrade is not None:
             r.act("upgrade", upgrade, 1, f"{v.name}: {why}; {_upgrade_why(v, upgrade, copies, need)}")
         elif copies > 0:
@@ -283,6 +294,8 @@ def _upgrade_why(v: VariantState, c: VariantState, copies: int, need: int) -> st
 
 
 def _keep_warm(r: _Round, variants: list[VariantState]) -> bool:
+    if "keep_warm" not in r.config.actions:
+        return False
     for v in variants:
         if v.floor and v.active and v.replicas == 0 and r.affordable(v, 1) >= 1:
             ready, _ = r.held(v.name, "warm", 0.0)
@@ -355,6 +368,7 @@ def _scale_down(r: _Round, variants: list[VariantState]) -> bool:
                     f"{v.capacity_rows_per_s:.0f} rows/s at {cfg.target_utilization:.0%}",
                 )
             )
+    wishes = [w for w in wishes if w[1] in cfg.actions]
     ready = [(wish, r.held(wish[0].name, "down", cfg.downscale_delay_s)) for wish in wishes]
     for (v, kind, replicas, why), (is_ready, for_s) in ready:
         if is_ready:

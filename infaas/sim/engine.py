@@ -35,13 +35,15 @@ What is simulated (the worker model), and how it departs from the service:
 Modes: ``modelless`` (the above), ``static`` (each task's most accurate variant, pinned, with a
 fixed number of replicas, no autoscaler) and ``replicate-only`` (each tenant pinned to the
 cheapest variant meeting its targets at low load, chosen once; the autoscaler's actions are
-filtered here to replicate and remove: the policy itself is unchanged).
+restricted to replicate and remove through the policy's config, as the service's
+`INFAAS_AUTOSCALE_ACTIONS` restricts them).
 
 The engine does no I/O: a trace and a zoo in, a `ModeResult` out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -434,6 +436,12 @@ class Simulation:
                 if not self._place(self._vqs[name], 0.0):
                     break
 
+    @property
+    def pins(self) -> dict[str, str]:
+        """Tenant → the variant its queries are pinned to (the baselines; empty for modelless):
+        what a client of the real service pins to run the same baseline."""
+        return {self._tenants[ti].tenant: name for ti, name in sorted(self._pinned.items())}
+
     def _static_replicas(self, pinned: list[str]) -> dict[str, int]:
         """Replicas per pinned variant: the configured count, or enough for the trace's peak
         5-second rows/s at the autoscaler's target utilisation (scaled down to fit the cluster)."""
@@ -810,12 +818,14 @@ class Simulation:
     def _tick(self) -> None:
         allowed = _ALLOWED[self.mode]
         if allowed is None or allowed:
-            actions, self._state = autoscale_policy(
-                self.snapshot(), self.config.autoscaling, self._state, self.now_s
-            )
+            # A restricted mode restricts the policy's config, as `INFAAS_AUTOSCALE_ACTIONS` does
+            # in the service: the policy then chooses among the allowed actions.
+            config = self.config.autoscaling
+            if allowed is not None:
+                config = dataclasses.replace(config, actions=allowed)
+            actions, self._state = autoscale_policy(self.snapshot(), config, self._state, self.now_s)
             for action in actions:
-                if allowed is None or action.kind in allowed:
-                    self._apply(action)
+                self._apply(action)
         self._timeline_point()
 
     def _apply(self, action: Action) -> None:

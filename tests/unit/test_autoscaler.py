@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -264,5 +265,28 @@ def test_the_service_runs_it_and_shows_actions_and_cost(tmp_path: Path) -> None:
         assert view["replicas"] == {} and view["cost"]["usd_per_hour"] == 0.0
         assert set(view["cost"]["by_variant"]) <= {floor[0].name, pricey[0].name}
         assert "infaas_fleet_cost_usd_total" in metrics and "infaas_variant_replicas" in metrics
+
+    asyncio.run(scenario())
+
+
+def test_a_restricted_autoscaler_only_takes_the_actions_it_is_allowed() -> None:
+    async def scenario() -> None:
+        timer = ManualTimer(start_s=0.0)
+        pool = RecordingPool(workers=4)
+        slow = entry("m", base_ms=100.0, price_usd_per_s=1e-6)
+        fast = make_entry(
+            "m", "onnxruntime", 1, accuracy=0.9, base_ms=2.0, per_row_ms=0.0, price_usd_per_s=1e-4
+        )
+        variants: dict[str, tuple[Variant, Profile | None]] = {v.name: (v, p) for v, p in (slow, fast)}
+        scaler, demand = scaler_for(pool, variants, timer, cpus=2)
+        scaler.config = replace(scaler.config, actions=frozenset({"replicate", "remove"}))  # no upgrade
+        await pool.run(slow[0], np.zeros((1, 2)))
+        taken = []
+        for _ in range(6):
+            demand.listener(record(slow[0].name, 2000, timer.now_s(), batch_rows=32))
+            taken += [a.kind for a in await scaler.tick()]
+            timer.advance(1.0)
+        assert taken == ["replicate"]  # where the full policy upgrades (the test above)
+        assert not pool.is_loaded(fast[0].name)
 
     asyncio.run(scenario())

@@ -21,3 +21,14 @@ def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFAAS_PORT", "99999")
     with pytest.raises(ValueError):
         Settings()
+
+
+def test_autoscaler_actions_are_checked() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from infaas.settings import Settings
+
+    assert Settings(autoscale_actions=" remove, replicate ").autoscale_actions == "remove,replicate"
+    with pytest.raises(ValidationError, match="unknown autoscaler action"):
+        Settings(autoscale_actions="replicate,teleport")

@@ -295,3 +295,13 @@ def test_no_flapping_on_a_constant_load(
         reversals = sum(1 for s, t in itertools.pairwise(steps) if (s > 0) != (t > 0))
         assert reversals <= 1, f"{name} flapped: {counts[:: max(1, len(counts) // 40)]}"
     assert math.isfinite(sum(v.replicas for v in fleet))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fleets(), st.sets(st.sampled_from(["replicate", "remove", "upgrade", "downgrade", "unload", "keep_warm"]))
+)
+def test_never_an_action_of_a_kind_it_is_not_allowed(snap: FleetSnapshot, allowed: set[str]) -> None:
+    config = replace(CONFIG, actions=frozenset(allowed))
+    actions, _ = decide(snap, config, _ripe(snap), 0.0)
+    assert {a.kind for a in actions} <= allowed
