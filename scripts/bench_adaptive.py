@@ -100,7 +100,9 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
     from variants import zoo
 
     rows_of = {task: zoo.load_split(task).x_test for task in trace.tasks}
-    out: dict[str, Any] = {"sent": 0, "in_slo": 0, "late": 0, "refused": 0, "failed": 0, "charged_usd": 0.0}
+    out: dict[str, Any] = {
+        "sent": 0, "infeasible": 0, "in_slo": 0, "late": 0, "refused": 0, "failed": 0, "charged_usd": 0.0,
+    }  # fmt: skip
 
     async def one(session: aiohttp.ClientSession, tenant: str, task: str, rows: int, latency_ms: float,
                   min_accuracy: float) -> None:  # fmt: skip
@@ -125,7 +127,9 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
             out["charged_usd"] += answer["cost_usd"]
         elif status == 429:
             out["refused"] += 1
-        elif status != 422:
+        elif status == 422:
+            out["infeasible"] += 1
+        else:
             out["failed"] += 1
 
     tasks: list[asyncio.Task[None]] = []
@@ -171,7 +175,8 @@ def run_sim(zoo: Zoo, trace: Trace, mode: Mode) -> tuple[dict[str, Any], dict[st
     t = res.total
     return (
         {
-            "sent": t.queries - t.infeasible,
+            "sent": t.queries,
+            "infeasible": t.infeasible,
             "in_slo": t.in_slo,
             "late": t.late,
             "refused": t.refused,
@@ -190,6 +195,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--rate", type=float, default=150.0, help="mean queries/s of the bursty trace")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--slack-ms",
+        type=float,
+        default=10.0,
+        help="added to each class's latency target (`mixed_tenants`' overhead): the real service's path "
+        "costs ~1 ms idle and more under load, which the simulator's constant 0.9 ms does not see",
+    )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="infaas-adaptive-") as tmp:
@@ -198,7 +210,8 @@ def main() -> None:
         print("==> building the small zoo (quick profiles)")
         build_zoo(data_dir)
         zoo = from_store(str(data_dir))
-        trace = bursty(args.seconds, args.rate, mixed_tenants(zoo), np.random.default_rng(args.seed))
+        mix = mixed_tenants(zoo, overhead_ms=args.slack_ms)
+        trace = bursty(args.seconds, args.rate, mix, np.random.default_rng(args.seed))
         classes = ", ".join(trace.tenants)
         print(f"==> trace: {len(trace)} queries over {trace.duration_s:.0f} s; classes: {classes}")
         rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
@@ -207,11 +220,12 @@ def main() -> None:
             print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
             real = run_real(data_dir, work, mode, trace, pins)
             rows.append((mode, real, sim))
-    keys = ("sent", "in_slo", "late", "refused", "failed", "charged_usd", "fleet_usd")
+    keys = ("sent", "infeasible", "in_slo", "late", "refused", "failed", "charged_usd", "fleet_usd")
     print(f"\n{'mode':<15} {'':<5} " + " ".join(f"{k:>12}" for k in keys) + f" {'violations':>11}")
     for mode, real, sim in rows:
         for side, r in (("real", real), ("sim", sim)):
-            viol = (r["late"] + r["refused"] + r["failed"]) / max(r["sent"], 1)
+            # violations over the queries whose targets are feasible (422s are the client's to fix)
+            viol = (r["late"] + r["refused"] + r["failed"]) / max(r["sent"] - r["infeasible"], 1)
             cells = " ".join(f"{r[k]:>12.4g}" for k in keys)
             print(f"{mode:<15} {side:<5} {cells} {viol:>10.1%}")
         ratio = " ".join(f"{(sim[k] / real[k]) if real[k] else float('nan'):>12.2f}" for k in keys)
