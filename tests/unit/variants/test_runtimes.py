@@ -12,7 +12,7 @@ from infaas.errors import Unavailable, VariantNotFound
 from infaas.types import Parity, RuntimeName, Variant, VariantSpec
 from tests import tiny_models
 from variants.runtimes import load_variant
-from variants.runtimes.onnxruntime import OnnxLoadedModel, providers_for
+from variants.runtimes.onnxruntime import OnnxLoadedModel, provider_options_for, providers_for
 
 PARITY = Parity(top1_agreement=1.0, max_abs_diff=0.0, samples=1)
 
@@ -79,3 +79,12 @@ def test_gpu_variants_run_only_where_a_session_really_uses_the_provider(tmp_path
         else:  # get_available_providers() lists it anyway; the runtime must not fall back silently
             with pytest.raises(Unavailable):
                 load_variant(variant, tmp_path)
+
+
+def test_cuda_fp32_variants_turn_tf32_off_and_nothing_else_is_touched() -> None:
+    gpu = _variant("onnxruntime", "m.onnx", hardware="gpu")
+    assert provider_options_for(gpu) == [{"use_tf32": "0"}, {}]
+    fp16 = gpu.model_copy(update={"spec": gpu.spec.model_copy(update={"precision": "fp16"})})
+    assert provider_options_for(fp16) == [{}, {}]  # fp16 is fp16 whatever TF32 says
+    assert provider_options_for(_variant("onnxruntime", "m.onnx")) == [{}]
+    assert len(provider_options_for(_variant("tensorrt", "m.onnx", hardware="gpu"))) == 3
