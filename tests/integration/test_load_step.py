@@ -4,9 +4,11 @@ capacity back once the hold-down has passed; every action is a fleet event with 
 
 The model is a 12-layer, 128-channel convolution net registered through the API (~1.6 ms per row
 on one thread here: ~620 rows/s per replica). The step goes from 8 to 200 queries/s of 32 rows
-(256 → 6 400 rows/s): 10× what one replica sustains. The local Ray is given 4 logical CPUs, so
-that the policy has room to act (one for the front end, one for the warm variant, two for more);
-they share the 2 real cores, so most of the step is refused (429) whatever the policy does."""
+(256 → 6 400 rows/s): 10× what one replica sustains. The local Ray is given 6 logical CPUs, so
+that the policy has room to act whichever variants the quick profiles rank cheapest (the warm
+floor may be a 2-thread variant, and registration may warm a second one before the last profile
+lands: up to 3 held, 1 for the front end, 2 for more); they share the 2 real cores, so most of
+the step is refused (429) whatever the policy does."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     x, y = tiny_models.digits(200)
     env = {
         "INFAAS_PROFILE_QUICK": "1",
-        "INFAAS_RAY_NUM_CPUS": "4",
+        "INFAAS_RAY_NUM_CPUS": "6",
         "INFAAS_AUTOSCALE_DOWNSCALE_DELAY_S": str(HOLD_DOWN_S),
     }
     with serve_process(empty, tmp_path / "run", env=env) as served:
@@ -83,8 +85,8 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     assert first_up_s <= 6.0, (first_up_s, ups)
     assert all(e["reason"] and "failed" not in e["reason"] for e in ups), ups
     # Admitted answers once it acted (+1 s for the new replica to load). The issue asks their p99
-    # within the target; on this machine it is not (measured 540-610 ms, 50-60 % in SLO): the
-    # 4 logical CPUs are 2 real cores, so the new replica adds contention, not capacity, and
+    # within the target; on this machine it is not (measured 435-650 ms, 36-60 % in SLO): the
+    # 6 logical CPUs are 2 real cores, so the new replica adds contention, not capacity, and
     # compute slows by more than the batcher's slowdown estimate follows. What is asserted is
     # what admission guarantees even so: a bounded latency, and no failure.
     t0 = result.outcomes[0].sent_s
