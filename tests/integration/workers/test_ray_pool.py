@@ -188,9 +188,12 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(ray_session: S
         assert pid is not None
         # b is not loaded: its first batches trigger a load on a worker of its own, while a's
         # batches queue on worker 0 (one at a time), which dies with some of them in flight
-        calls = [pool.run(b if i % 2 else a, rows[i % 100 : i % 100 + 3]) for i in range(400)]
+        calls = [pool.run(b if i % 2 else a, rows[i % 100 : i % 100 + 3]) for i in range(1000)]
         tasks = [asyncio.ensure_future(c) for c in calls]
-        await asyncio.sleep(0.005)
+        # Kill it once the first answers are back: the rest are queued at it then (a fixed sleep
+        # missed them all when the machine was busy: submitting took longer than running them).
+        while not any(t.done() for t in tasks):
+            await asyncio.sleep(0.001)
         os.kill(pid, signal.SIGKILL)
         done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
         answered = 0
