@@ -187,25 +187,26 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(ray_session: S
         pid = pool.worker_pid("onnxruntime-0")
         assert pid is not None
         # b is not loaded: its first batches trigger a load on a worker of its own, while a's
-        # batches queue on worker 0 (one at a time), which dies with some of them in flight
-        calls = [pool.run(b if i % 2 else a, rows[i % 100 : i % 100 + 3]) for i in range(1000)]
-        tasks = [asyncio.ensure_future(c) for c in calls]
+        # batches (20 000 rows each: a few ms of work apiece, seconds in all) queue on worker 0,
+        # which dies with them in flight.
+        big = np.tile(rows[:100], (200, 1))
+        want_a, want_b = expected(root, a, big), expected(root, b, rows[:3])
+        tasks = [
+            asyncio.ensure_future(pool.run(b, rows[:3]) if i % 2 else pool.run(a, big)) for i in range(400)
+        ]
         # Kill it once the first answers are back: the rest are queued at it then (a fixed sleep
         # missed them all when the machine was busy: submitting took longer than running them).
         while not any(t.done() for t in tasks):
             await asyncio.sleep(0.001)
         os.kill(pid, signal.SIGKILL)
-        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=120)
         answered = 0
         for i, result in enumerate(done):
             if isinstance(result, Unavailable):
                 assert result.message and "died" in result.message  # a 503 with its reason
                 continue
             assert isinstance(result, np.ndarray), result
-            v = b if i % 2 else a
-            np.testing.assert_allclose(
-                result, expected(root, v, rows[i % 100 : i % 100 + 3]), rtol=1e-5, atol=1e-6
-            )
+            np.testing.assert_allclose(result, want_b if i % 2 else want_a, rtol=1e-5, atol=1e-6)
             answered += 1
         assert answered > 0
         kinds = {e.kind for e in pool.events(limit=1000)}
