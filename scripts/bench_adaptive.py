@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serving import ADMIN_KEY, Server, free_port, stop_server, wait_ready
+from bench_serving import ADMIN_KEY, Server, serve_on, stop_server
 
 from infaas.settings import Settings
 from infaas.sim.engine import MODES, Mode, SimConfig, Simulation
@@ -70,29 +69,6 @@ def _request(url: str, body: dict[str, Any], key: str) -> Any:
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
-
-
-def start(data_dir: Path, mode: str, log: Path) -> Server:
-    port = free_port()
-    env = {
-        **os.environ,
-        "INFAAS_DATA_DIR": str(data_dir),
-        "INFAAS_ADMIN_KEY": ADMIN_KEY,
-        "INFAAS_PORT": str(port),
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        **SETTINGS_BY_MODE[mode],
-    }
-    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve"]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-    server = Server(mode, proc, f"http://127.0.0.1:{port}/v1/query")
-    try:
-        wait_ready(server.url.removesuffix("/v1/query"), proc)
-    except OSError:
-        stop_server(server)
-        raise SystemExit(f"{mode}: the service did not start; see {log}") from None
-    return server
 
 
 async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[str, str]) -> dict[str, Any]:
@@ -148,7 +124,7 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
 def run_real(data_dir: Path, work: Path, mode: str, trace: Trace, pins: dict[str, str]) -> dict[str, Any]:
     copy = work / f"data-{mode}"
     shutil.copytree(data_dir, copy)
-    server = start(copy, mode, work / f"{mode}.log")
+    server = serve_on(copy, mode, work / f"{mode}.log", SETTINGS_BY_MODE[mode])
     base = server.url.removesuffix("/v1/query")
     try:
         keys = {

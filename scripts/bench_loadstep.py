@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_serving import ADMIN_KEY, Server, free_port, stop_server, wait_ready
+from bench_serving import ADMIN_KEY, Server, serve_on, stop_server
 
 from tests import tiny_models
 
@@ -73,32 +72,15 @@ def _request(url: str, body: dict[str, Any] | None, key: str, timeout: float = 6
 
 
 def start(workdir: Path, mode: str, ray_cpus: int, hold_down_s: float) -> tuple[Server, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "INFAAS_DATA_DIR": str(workdir / mode),
-        "INFAAS_ADMIN_KEY": ADMIN_KEY,
-        "INFAAS_PORT": str(port),
+    settings = {
         "INFAAS_PROFILE_QUICK": "1",
         "INFAAS_RAY_NUM_CPUS": str(ray_cpus),
         "INFAAS_AUTOSCALE_DOWNSCALE_DELAY_S": str(hold_down_s),
         "INFAAS_AUTOSCALE": "false" if mode == "static" else "true",
-        "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    import subprocess
-
-    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve"]
-    log = (workdir / f"{mode}.log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    server = Server(mode, proc, f"{base}/v1/query")
-    try:
-        wait_ready(base, proc)
-    except OSError:
-        stop_server(server)
-        raise SystemExit(f"{mode}: the service did not start; see {workdir / mode}.log") from None
-    key = _request(f"{base}/v1/admin/tenants", {"name": "bench"}, ADMIN_KEY)["api_key"]
-    return server, key
+    server = serve_on(workdir / mode, mode, workdir / f"{mode}.log", settings)
+    base = server.url.removesuffix("/v1/query")
+    return server, _request(f"{base}/v1/admin/tenants", {"name": "bench"}, ADMIN_KEY)["api_key"]
 
 
 def register(base: str, key: str) -> None:

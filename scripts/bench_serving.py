@@ -432,6 +432,30 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.
             time.sleep(0.3)
 
 
+def serve_on(data_dir: Path, kind: str, log: Path, settings: dict[str, str]) -> Server:
+    """`infaas serve` on `data_dir` with the admin key `ADMIN_KEY` and `settings` (INFAAS_*),
+    output to `log`, ready; exits with a pointer to the log if it does not come up."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "INFAAS_DATA_DIR": str(data_dir),
+        "INFAAS_ADMIN_KEY": ADMIN_KEY,
+        "INFAAS_PORT": str(port),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        **settings,
+    }
+    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(kind, proc, f"http://127.0.0.1:{port}/v1/query")
+    try:
+        wait_ready(server.url.removesuffix("/v1/query"), proc)
+    except OSError:
+        stop_server(server)
+        raise SystemExit(f"{kind}: the service did not start; see {log}") from None
+    return server
+
+
 def start_service(workdir: Path, variant: Any, journal: str = "fsync") -> Server:
     """`infaas serve` on the prepared data dir, and a tenant pinned to the benchmark variant."""
     import urllib.request
