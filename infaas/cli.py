@@ -140,6 +140,9 @@ def register(
     validation: Annotated[Path | None, typer.Option("--validation", help=".npz with arrays x and y.")] = None,
     description: str = typer.Option("", "--description"),
     no_profile: bool = typer.Option(False, "--no-profile", help="Register without measuring."),
+    new_version: bool = typer.Option(
+        False, "--new-version", help="Other bytes under an existing name become its next version."
+    ),
 ) -> None:
     """Register a model (as the admin): build its variants, check parity, store them."""
     from infaas.errors import InfaasError
@@ -163,17 +166,25 @@ def register(
                 description=description,
                 profile=not no_profile,
                 progress=bar,
+                new_version=new_version,
             )
+        stored = result.architecture.name
         if not result.created:
-            console.print(f"[yellow]{name}[/] is already registered with these bytes; nothing to do")
-        profiles = {p.variant: p for p in store.list_profiles(name)}
-        console.print(variants_table(result.variants, profiles, title=f"variants of {name}"))
+            console.print(f"[yellow]{stored}[/] is already registered with these bytes; nothing to do")
+        elif result.architecture.version > 1:
+            console.print(
+                f"version {result.architecture.version} of {name} is ready; it takes traffic once "
+                f"labelled: `infaas canary {name} {result.architecture.version} --share 0.1` or "
+                f"`infaas promote {name} --version {result.architecture.version}`"
+            )
+        profiles = {p.variant: p for p in store.list_profiles(stored)}
+        console.print(variants_table(result.variants, profiles, title=f"variants of {stored}"))
         if result.skipped:
             console.print(skipped_table(result.skipped))
         console.print(
             f"{len(result.variants)} variant(s) kept, {len(result.skipped)} not built"
             + (f"; task {task!r} created" if result.task_created else "")
-            + f". Next: `infaas variants {name}`"
+            + f". Next: `infaas variants {stored}`"
         )
     except InfaasError as exc:
         console.print(f"[red]error:[/] {exc.message}")
@@ -219,6 +230,123 @@ def variants(architecture: str = typer.Argument(..., help="Architecture name."))
             console.print(skipped_table(skipped))
     finally:
         store.close()
+
+
+# ---- the version lifecycle: through the running server, which loads, switches and drains ----
+_URL = typer.Option(None, "--url", help="The server (default: http://INFAAS_HOST:INFAAS_PORT).")
+_KEY = typer.Option(
+    None, "--key", envvar="INFAAS_API_KEY", help="An owner or admin key (default: this data dir's admin key)."
+)
+
+
+def _lifecycle(url: str | None, key: str | None, call: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Run one lifecycle call against the server; errors print what to do and exit 1."""
+    from infaas.api.auth import ensure_admin_key
+    from infaas.client import Client
+    from infaas.errors import InfaasError
+
+    settings = load_settings()
+    base = url or f"http://{settings.host}:{settings.port}"
+    try:
+        with Client(base, key or ensure_admin_key(settings), timeout_s=600.0) as client:
+            return call(client)
+    except InfaasError as exc:
+        console.print(f"[red]error:[/] {exc.message}")
+        raise typer.Exit(1) from exc
+
+
+def _print_versions(view: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"versions of {view['architecture']} (task {view['task']})")
+    for col in ("version", "name", "state", "labels", "accuracy", "variants", "loaded", "error"):
+        table.add_column(col)
+    for v in view["versions"]:
+        acc = "-" if v["accuracy"] is None else f"{v['accuracy']:.4f}"
+        table.add_row(
+            str(v["version"]),
+            v["name"],
+            v["state"],
+            ",".join(v["labels"]),
+            acc,
+            str(v["variants"]),
+            str(len(v["loaded"])),
+            v["error"] or "",
+        )
+    console.print(table)
+    if view["canary"] is not None:
+        seen = view["observed_canary_share"]
+        console.print(
+            f"canary v{view['canary']} at {view['canary_share']:.1%} of queries; observed "
+            + ("nothing yet" if seen is None else f"{seen:.1%} of {view['observed_queries']}")
+        )
+
+
+@app.command("versions")
+def versions(
+    architecture: str = typer.Argument(..., help="Architecture name."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Show an architecture's versions, their states and labels, and the canary share observed."""
+    _print_versions(_lifecycle(url, key, lambda c: c.versions(architecture)))
+
+
+@app.command("canary")
+def canary(
+    architecture: str = typer.Argument(..., help="Architecture name."),
+    version: int | None = typer.Argument(None, help="The version that takes the share."),
+    share: float = typer.Option(0.1, "--share", help="Fraction of the architecture's queries."),
+    off: bool = typer.Option(False, "--off", help="End the canary."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Send a share of an architecture's queries to a new version (loaded and warmed first)."""
+    if off:
+        _print_versions(_lifecycle(url, key, lambda c: c.end_canary(architecture)))
+        return
+    if version is None:
+        console.print("[red]error:[/] name the version, e.g. `infaas canary ARCH 2 --share 0.1`")
+        raise typer.Exit(2)
+    _print_versions(_lifecycle(url, key, lambda c: c.set_canary(architecture, version, share)))
+
+
+@app.command("promote")
+def promote(
+    architecture: str = typer.Argument(..., help="Architecture name."),
+    version: int | None = typer.Option(None, "--version", help="Default: the canary."),
+    force: bool = typer.Option(False, "--force", help="Admin only: past the accuracy guard."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Make the canary (or --version) the stable version, without a gap in serving."""
+    _print_versions(_lifecycle(url, key, lambda c: c.promote(architecture, version, force)))
+
+
+@app.command("rollback")
+def rollback(
+    architecture: str = typer.Argument(..., help="Architecture name."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Make the previous stable version stable again."""
+    _print_versions(_lifecycle(url, key, lambda c: c.rollback(architecture)))
+
+
+@app.command("delete")
+def delete(
+    architecture: str = typer.Argument(..., help="Architecture name."),
+    version: int | None = typer.Option(None, "--version", help="Only this version."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Delete a version or a whole architecture: unroutable at once, drained, unloaded, its
+    artifacts removed; its usage stays."""
+    done = _lifecycle(url, key, lambda c: c.delete(architecture, version))
+    console.print(
+        f"deleted {architecture} version(s) {done['versions']}: {done['variants']} variant(s), "
+        f"{done['artifacts_removed']} artifact folder(s) removed; usage kept"
+    )
 
 
 zoo_app = typer.Typer(no_args_is_help=True, help="The built-in model zoo (trained here, no downloads).")

@@ -132,6 +132,38 @@ class Client:
         result: list[dict[str, Any]] = self._request("GET", "/v1/tasks")
         return result
 
+    # ---- the version lifecycle (owner or admin keys; `versions` with any key) ----------------
+    def versions(self, architecture: str) -> dict[str, Any]:
+        """The architecture's versions, labels and the canary share observed."""
+        result: dict[str, Any] = self._request("GET", f"/v1/models/{architecture}/versions")
+        return result
+
+    def set_canary(self, architecture: str, version: int, share: float) -> dict[str, Any]:
+        """Send `share` of the architecture's queries to `version` (warmed first)."""
+        body = {"version": version, "share": share}
+        result: dict[str, Any] = self._request("PUT", f"/v1/models/{architecture}/canary", json=body)
+        return result
+
+    def end_canary(self, architecture: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("DELETE", f"/v1/models/{architecture}/canary")
+        return result
+
+    def promote(self, architecture: str, version: int | None = None, force: bool = False) -> dict[str, Any]:
+        """Make the canary (or `version`) stable."""
+        body = {"version": version, "force": force}
+        result: dict[str, Any] = self._request("POST", f"/v1/models/{architecture}/promote", json=body)
+        return result
+
+    def rollback(self, architecture: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", f"/v1/models/{architecture}/rollback")
+        return result
+
+    def delete(self, architecture: str, version: int | None = None) -> dict[str, Any]:
+        """Delete one version, or (no `version`) the whole architecture."""
+        path = f"/v1/models/{architecture}" + (f"/versions/{version}" if version is not None else "")
+        result: dict[str, Any] = self._request("DELETE", path)
+        return result
+
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:
             response = self._http.request(method, path, **kw)

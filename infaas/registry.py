@@ -4,15 +4,19 @@ Transport-independent: the REST route and the CLI both call `Registry.register`.
 
 1. refuse what must not be opened (a tenant's scikit-learn pickle → `Forbidden`; too large →
    `PayloadTooLarge`; unknown suffix → `UnsupportedFormat`);
-2. idempotence: the same name with the same bytes returns the stored record; different bytes →
-   `Conflict`;
-3. in a staging directory: unpack safely, load the reference, check the input spec against the task
+2. ownership: a tenant key registers nothing, an owner key only into tasks it owns (or a new task,
+   which it then owns) → `Forbidden`;
+3. idempotence: the same name with the same bytes returns the stored version; different bytes →
+   `Conflict`, unless `new_version`: then they become version N+1 (``name@N+1``, its own variants
+   and profiles), `loading` while built, then `ready` (routable when labelled: `infaas.versions`)
+   or `failed` with the reason;
+4. in a staging directory: unpack safely, load the reference, check the input spec against the task
    (`SpecMismatch`) and that the output is a probability vector on the validation set;
-4. generate the variants (`variants.generator`), publishing content-addressed artifacts;
-5. write the task (if new), the architecture, its variants and skipped variants in **one**
+5. generate the variants (`variants.generator`), publishing content-addressed artifacts;
+6. write the task (if new), the architecture, its variants, skipped variants and labels in **one**
    `store.register_architecture` call, last. Any failure before that removes every artifact this
    registration published, so nothing is left half-registered;
-6. when a profiler is given and `profile=True`, measure the new variants and store their profiles.
+7. when a profiler is given and `profile=True`, measure the new variants and store their profiles.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from infaas.errors import (
     Conflict,
     Forbidden,
+    InfaasError,
     InvalidInput,
     PayloadTooLarge,
     RegistrationError,
@@ -38,7 +43,18 @@ from infaas.errors import (
 )
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import Architecture, InputSpec, Profile, Role, SkippedVariant, Task, Variant
+from infaas.types import (
+    Architecture,
+    InputSpec,
+    Labels,
+    Profile,
+    Role,
+    SkippedVariant,
+    Task,
+    Variant,
+    VersionState,
+    version_name,
+)
 from variants.plan import HardwareInfo, OrtProviderProbe, ProviderProbe, detect_hardware
 
 __all__ = [
@@ -49,6 +65,8 @@ __all__ = [
     "build_registry",
     "check_probabilities",
     "load_validation",
+    "may_manage",
+    "versions_of",
 ]
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -120,6 +138,19 @@ def load_validation(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return x.astype(np.float32), y.astype(np.int64)
 
 
+def versions_of(store: MetadataStore, name: str) -> list[Architecture]:
+    """Every stored version of architecture `name`, oldest first."""
+    return sorted((a for a in store.list_architectures() if a.line == name), key=lambda a: a.version)
+
+
+def may_manage(task: Task | None, principal: str, role: Role) -> bool:
+    """Whether a key may register into, and manage the architectures of, `task` (None: a new task,
+    which its creator will own)."""
+    if role == "admin":
+        return True
+    return role == "owner" and (task is None or principal in task.owners)
+
+
 class Registry:
     """Registers architectures (see the module docstring). Thread-safe: one registration at a time."""
 
@@ -137,6 +168,8 @@ class Registry:
         self._probe: ProviderProbe = probe if probe is not None else OrtProviderProbe()
         self._clock = clock
         self._lock = threading.Lock()
+        self.labels_lock = threading.Lock()
+        """Held for every read-modify-write of a `Labels` document (short: never across a build)."""
         self._hardware: HardwareInfo | None = None
 
     @property
@@ -162,6 +195,7 @@ class Registry:
         role: Role = "admin",
         profile: bool = True,
         progress: ProgressFn | None = None,
+        new_version: bool = False,
     ) -> RegistrationResult:
         """Register the model at `upload` (file or SavedModel directory) as architecture `name`.
 
@@ -178,6 +212,14 @@ class Registry:
                 )
         if not upload.exists():
             raise InvalidInput(f"no such file or directory: {upload}")
+        if not may_manage(self.store.get_task(task), owner, role):
+            raise Forbidden(
+                "tenant keys query; registering needs an owner key (the admin creates them)"
+                if role == "tenant"
+                else f"task {task!r} belongs to other owners: ask the admin to grant it to {owner!r}",
+                task=task,
+                role=role,
+            )
         fname = filename or upload.name
         kind = detect_kind(fname, is_dir=upload.is_dir())
         if kind == "sklearn" and role != "admin":
@@ -194,19 +236,58 @@ class Registry:
             )
         source_sha = sha256_path(upload)
         with self._lock:
-            existing = self.store.get_architecture(name)
-            if existing is not None:
-                return self._existing(existing, source_sha, task)
-            return self._register_new(
-                upload, fname, source_sha, name, task, validation, description, owner, profile, progress
-            )
+            versions = versions_of(self.store, name)
+            if not versions:
+                return self._register_new(
+                    upload, fname, source_sha, name, task, validation, description, owner, profile, progress
+                )
+            same = next((a for a in versions if a.source_sha256 == source_sha), None)
+            if same is not None or versions[0].task != task or not new_version:
+                return self._existing(same or versions[-1], source_sha, task)
+            version = versions[-1].version + 1
+            self._set_state(name, version, "loading")
+            try:
+                return self._register_new(
+                    upload,
+                    fname,
+                    source_sha,
+                    name,
+                    task,
+                    None,
+                    description,
+                    owner,
+                    profile,
+                    progress,
+                    version=version,
+                )
+            except InfaasError as exc:
+                self._set_state(name, version, "failed", exc.message)
+                raise
+            except BaseException as exc:
+                self._set_state(name, version, "failed", f"{type(exc).__name__}: {exc}")
+                raise
+
+    def _set_state(self, name: str, version: int, state: VersionState, error: str = "") -> Labels:
+        with self.labels_lock:
+            labels = self.store.get_labels(name) or Labels(architecture=name)
+            errors = {**labels.errors, version: error[:500]} if error else labels.errors
+            labels = labels.model_copy(update={"states": {**labels.states, version: state}, "errors": errors})
+            self.store.put_labels(labels)
+            return labels
 
     def _existing(self, arch: Architecture, source_sha: str, task: str) -> RegistrationResult:
-        if arch.source_sha256 != source_sha or arch.task != task:
+        if arch.task != task:
             raise Conflict(
-                f"architecture {arch.name!r} is already registered with different "
-                f"{'bytes' if arch.source_sha256 != source_sha else 'task'}; choose another name",
-                architecture=arch.name,
+                f"architecture {arch.line!r} is registered in task {arch.task!r}, not {task!r}; "
+                "choose another name",
+                architecture=arch.line,
+            )
+        if arch.source_sha256 != source_sha:
+            raise Conflict(
+                f"architecture {arch.line!r} is already registered with different bytes: send "
+                '"new_version": true (CLI --new-version) to register them as version '
+                f"{arch.version + 1}, or choose another name",
+                architecture=arch.line,
             )
         stored_task = self.store.get_task(arch.task)
         assert stored_task is not None, "an architecture's task is written in the same step"
@@ -230,6 +311,7 @@ class Registry:
         owner: str,
         profile: bool,
         progress: ProgressFn | None,
+        version: int = 1,
     ) -> RegistrationResult:
         from variants.artifacts import Staging, sha256_path
         from variants.generator import generate
@@ -321,6 +403,7 @@ class Registry:
                     validation_size=len(x_val),
                     description=f"created by {name}",
                     created_at_s=now_s,
+                    owners=() if owner == "admin" else (owner,),
                 )
             task = existing_task or new_task
             assert task is not None
@@ -328,8 +411,9 @@ class Registry:
             source_name = "saved_model" if detected.kind == "savedmodel" else Path(filename).name
             source_rel, _ = staging.commit(detected.path, source_name)
             hardware = self.hardware()
+            stored_name = version_name(name, version)
             result = generate(
-                architecture=name,
+                architecture=stored_name,
                 kind=detected.kind,
                 source=self.settings.artifacts_dir / source_rel,
                 reference=reference,
@@ -347,7 +431,7 @@ class Registry:
                     f"no variant of {name!r} could be built: {reasons}", architecture=name
                 )
             arch = Architecture(
-                name=name,
+                name=stored_name,
                 task=task_name,
                 kind=detected.kind,
                 source_sha256=source_sha,
@@ -355,8 +439,14 @@ class Registry:
                 description=description,
                 owner=owner,
                 created_at_s=now_s,
+                version=version,
             )
-            self.store.register_architecture(arch, result.variants, result.skipped, task=new_task)
+            with self.labels_lock:
+                labels = self.store.get_labels(name) or Labels(architecture=name)
+                labels = labels.model_copy(update={"states": {**labels.states, version: "ready"}})
+                self.store.register_architecture(
+                    arch, result.variants, result.skipped, task=new_task, labels=labels
+                )
         except BaseException:
             staging.rollback()
             raise
@@ -378,6 +468,24 @@ class Registry:
             profiles=profiles,
             notes=result.notes,
         )
+
+    def remove_artifacts(self, candidates: Sequence[str]) -> int:
+        """Delete the content-addressed folders of `candidates` (artifact paths) that no stored
+        task, architecture or variant still uses; returns how many went."""
+
+        def folder(rel: str) -> Path:
+            return Path(*Path(rel).parts[:2])
+
+        used = {folder(t.validation_artifact) for t in self.store.list_tasks()}
+        used |= {folder(a.artifact) for a in self.store.list_architectures()}
+        used |= {folder(v.artifact) for v in self.store.list_variants()}
+        removed = 0
+        for rel in {folder(c) for c in candidates} - used:
+            path = self.settings.artifacts_dir / rel
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+        return removed
 
 
 def build_registry(

@@ -26,7 +26,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,9 +45,21 @@ from infaas.errors import (
 )
 from infaas.periodic import Periodic
 from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
+from infaas.policy.versions import CanarySplit
 from infaas.quarantine import Quarantine
 from infaas.store import MetadataStore
-from infaas.types import SLO, Architecture, FleetEvent, MachineInfo, Profile, Task, Variant
+from infaas.types import (
+    SLO,
+    Architecture,
+    FleetEvent,
+    Labels,
+    MachineInfo,
+    Profile,
+    Task,
+    Variant,
+    split_version,
+    version_name,
+)
 from infaas.workers.base import Batcher, WorkerPool
 from infaas.workers.placement import Placement
 from profiler.machine import is_foreign, local_machine
@@ -186,15 +198,38 @@ class Snapshot:
 
     fingerprint: str
     tasks: dict[str, Task]
-    architectures: dict[str, Architecture]
+    architectures: dict[str, Architecture]  # every stored version, by stored name (``net@2``)
     variants: Catalog
-    by_task: dict[str, VariantTable]
-    by_architecture: dict[str, VariantTable]
+    by_task: dict[str, VariantTable]  # the stable versions' variants: what model-less routing sees
+    by_architecture: dict[str, VariantTable]  # per stored version
     excluded: dict[str, str] = field(default_factory=dict)  # variant → why its profile is not used
+    labels: dict[str, Labels] = field(default_factory=dict)  # per architecture (every one has some)
 
     @classmethod
     def empty(cls) -> Snapshot:
         return cls("", {}, {}, {}, {}, {})
+
+    @property
+    def serving(self) -> frozenset[str]:
+        """Stored names of the versions that take traffic (stable and canary)."""
+        return frozenset(
+            name for name, a in self.architectures.items() if a.version in self.labels[a.line].serving
+        )
+
+    def resolve(self, name: str) -> Architecture | None:
+        """The stored version a name designates: ``net`` (its stable), ``net@2``, ``net@stable``,
+        ``net@canary``; None when there is no such version."""
+        line, ref = split_version(name)
+        labels = self.labels.get(line)
+        if labels is None:
+            return None
+        if ref is None or ref == "stable":
+            version: int | None = labels.stable
+        elif ref == "canary":
+            version = labels.canary
+        else:
+            version = int(ref) if ref.isdigit() else None
+        return None if version is None else self.architectures.get(version_name(line, version))
 
     @classmethod
     def load(cls, store: MetadataStore, local: MachineInfo | None = None) -> Snapshot:
@@ -202,6 +237,7 @@ class Snapshot:
         here = local if local is not None else local_machine()
         tasks = {t.name: t for t in store.list_tasks()}
         archs = {a.name: a for a in store.list_architectures()}
+        labels = {lab.architecture: lab for lab in store.list_labels()}
         stored = {v.name: v for v in store.list_variants() if v.architecture in archs}
         profiles: dict[str, Profile] = {}
         excluded: dict[str, str] = {}
@@ -224,12 +260,14 @@ class Snapshot:
             digest.update(tasks[name].model_dump_json().encode())
         for name in sorted(archs):
             digest.update(archs[name].model_dump_json().encode())
+        for name in sorted(labels):
+            digest.update(labels[name].model_dump_json().encode())
         for name in sorted(variants):
             variant, profile = variants[name]
             digest.update(variant.sha256.encode() + name.encode())
             digest.update(profile.model_dump_json().encode() if profile else b"-")
             digest.update(excluded.get(name, "").encode())
-        return cls.build(digest.hexdigest(), tasks, archs, variants, excluded)
+        return cls.build(digest.hexdigest(), tasks, archs, variants, excluded, labels)
 
     @classmethod
     def build(
@@ -239,14 +277,19 @@ class Snapshot:
         archs: dict[str, Architecture],
         variants: dict[str, tuple[Variant, Profile | None]],
         excluded: dict[str, str] | None = None,
+        labels: dict[str, Labels] | None = None,
     ) -> Snapshot:
+        # Every architecture has labels: without a document, its one version is stable.
+        all_labels = {a.line: Labels(architecture=a.line) for a in archs.values()} | (labels or {})
         by_arch: dict[str, list[tuple[Variant, Profile]]] = {name: [] for name in archs}
         by_task: dict[str, list[tuple[Variant, Profile]]] = {name: [] for name in tasks}
         for variant, profile in variants.values():
             if profile is None:
                 continue
-            by_arch[variant.architecture].append((variant, profile))
-            by_task.setdefault(archs[variant.architecture].task, []).append((variant, profile))
+            arch = archs[variant.architecture]
+            by_arch[arch.name].append((variant, profile))
+            if arch.version == all_labels[arch.line].stable:
+                by_task.setdefault(arch.task, []).append((variant, profile))
         return cls(
             fingerprint=fingerprint,
             tasks=tasks,
@@ -255,6 +298,7 @@ class Snapshot:
             by_task={name: VariantTable(entries) for name, entries in by_task.items()},
             by_architecture={name: VariantTable(entries) for name, entries in by_arch.items()},
             excluded=dict(excluded or {}),
+            labels=all_labels,
         )
 
 
@@ -318,6 +362,7 @@ class Router:
         self._tasks: set[asyncio.Task[None]] = set()
         self._refresher = Periodic("router-refresh", refresh_interval_s, self._refresh_round)
         self.on_refresh: list[Callable[[Snapshot], None]] = []
+        self.canary_split = CanarySplit()
         self.load_gate: Callable[[Variant], bool] | None = None
         """Admits an optional load (a load hint) when the cluster has room; None: always."""
 
@@ -341,7 +386,8 @@ class Router:
                 len(fresh.excluded),
                 "; ".join(f"{name}: {why}" for name, why in sorted(fresh.excluded.items())),
             )
-        new_archs = set(fresh.architectures) - set(self._base.architectures)
+        # Only versions that take traffic: a new version is loaded when it is labelled.
+        new_archs = (set(fresh.architectures) - set(self._base.architectures)) & fresh.serving
         self._base = fresh
         self._quarantine_seen = (-1, float("inf"))
         self._snapshot = fresh
@@ -392,6 +438,7 @@ class Router:
                 base.architectures,
                 {n: (v, None if n in blocked else p) for n, (v, p) in base.variants.items()},
                 {**base.excluded, **blocked},
+                base.labels,
             )
         self._loaded.clear()
 
@@ -540,19 +587,23 @@ class Router:
         left = slo.model_copy(update={"latency_ms": 1e-6}) if elapsed_ms >= slo.latency_ms else slo
         if variant is not None:
             return self._route_pinned(task, rows, slo, left, variant, now_s, refresh, elapsed_ms)
+        split = True  # the architecture's canary takes its share (not when a version is pinned)
         if architecture is not None:
-            arch = snap.architectures.get(architecture)
+            arch = snap.resolve(architecture)
             if arch is None and refresh and self._refresh_on_miss(now_s):
                 snap = self._snapshot
-                arch = snap.architectures.get(architecture)
+                arch = snap.resolve(architecture)
             if arch is None:
-                raise ArchitectureNotFound(f"no architecture {architecture!r}", architecture=architecture)
+                raise ArchitectureNotFound(
+                    f"no architecture or version {architecture!r}", architecture=architecture
+                )
             if arch.task != task.name:
                 raise InvalidInput(
                     f"architecture {architecture!r} serves task {arch.task!r}, not {task.name!r}",
                     architecture=architecture,
                 )
-            table = snap.by_architecture[architecture]
+            table = snap.by_architecture[arch.name]
+            split = "@" not in architecture
         else:
             table = snap.by_task.get(task.name) or VariantTable(())
         live, queue_ms = self._live(table, now_s)
@@ -581,7 +632,31 @@ class Router:
             # Only a cold variant meets the targets, and its load would outlast the deadline:
             # load it, and ask the client to come back rather than answer late.
             raise self._cold(task, slo, result)
+        if split:
+            canary = self._canary(result, rows, left, now_s)
+            if canary is not None:
+                result, live, queue_ms = canary
         return self._routed(result, task, live, queue_ms, rows)
+
+    def _canary(
+        self, chosen: Choice, rows: int, left: SLO, now_s: float
+    ) -> tuple[Choice, LiveState, dict[str, float]] | None:
+        """When `chosen`'s architecture has a canary and this query is in its share, the canary
+        version's pick for the same targets. A canary that cannot take the query (infeasible, or
+        not loaded) leaves it with stable, and the miss is not counted as canary traffic."""
+        snap = self._snapshot
+        line = snap.architectures[snap.variants[chosen.variant][0].architecture].line
+        labels = snap.labels[line]
+        if labels.canary is None or not self.canary_split.take(line, labels.canary, labels.canary_share):
+            return None
+        table = snap.by_architecture.get(version_name(line, labels.canary))
+        if table is not None:
+            live, queue_ms = self._live(table, now_s)
+            result = table.select(rows, left, live)
+            if isinstance(result, Choice) and result.variant in live.loaded:
+                return result, live, queue_ms
+        self.canary_split.missed(line, labels.canary)
+        return None
 
     @staticmethod
     def _idle(live: LiveState, also_loaded: str | None = None) -> LiveState:
@@ -739,7 +814,7 @@ class Router:
         """Load the cheapest profiled variant of every architecture in the background (TF Serving's
         warm-up, by measured cost): the first query to a task then finds a warm variant instead of
         waiting for a cold load. Returns the variants asked for (call from the running loop)."""
-        names = sorted(self._cheapest(set(self._snapshot.architectures)).values())
+        names = sorted(self._cheapest(set(self._snapshot.serving)).values())
         self._warm_up = [t for t in (self._hint(name) for name in names) if t is not None]
         self._warm_up_done = True
         return names
@@ -752,21 +827,29 @@ class Router:
         """Warm-up loads still running (readiness waits for 0)."""
         return sum(1 for t in self._warm_up if not t.done())
 
-    async def warm_architecture(self, architecture: str, timeout_s: float = 120.0) -> str | None:
+    async def warm_architecture(
+        self, architecture: str, like: Collection[str] = (), timeout_s: float = 120.0
+    ) -> list[str]:
         """Re-read the store and load `architecture`'s cheapest variant where its batches will
-        run, waiting for it (registration answers once its model is warm, as TF Serving loads
-        and warms a version before serving it). Returns the variant, or None when none is
-        profiled; a failed load is logged and counted towards quarantine, not raised."""
+        run, and its counterparts of the variants in `like` (same runtime, precision, threads: the
+        ones another version of it has loaded), waiting for them: registration, a canary and a
+        promote answer once the version is warm, as TF Serving loads and warms a version before
+        serving it. Returns the variants loaded; a failed load is logged and counted towards
+        quarantine, not raised."""
         fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
         if fresh.fingerprint != self._base.fingerprint:
             self._adopt(fresh)
-        name = self._cheapest({architecture}).get(architecture)
-        if name is None:
-            return None
-        task = self._hint(name)
-        if task is not None:
-            await asyncio.wait([task], timeout=timeout_s)
-        return name
+        names = set(self._cheapest({architecture}).values())
+        for other in like:
+            twin = f"{architecture}/{other.partition('/')[2]}"
+            entry = self._snapshot.variants.get(twin)
+            if entry is not None and entry[1] is not None:
+                names.add(twin)
+        tasks = [t for t in (self._hint(name) for name in sorted(names)) if t is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        self._loaded.clear()
+        return sorted(n for n in names if self._pool.is_loaded(n))
 
     def _hint(self, name: str, *, optional: bool = False) -> asyncio.Task[None] | None:
         """Load `name` in the background; its task (the running one if a load is under way). An

@@ -97,7 +97,17 @@ class Settings(BaseSettings):
         "os: handed to the OS (survives a crash of the process, not of the machine); off.",
     )
     drain_timeout_s: float = Field(
-        default=30.0, ge=0, description="On SIGTERM/SIGINT, how long in-flight requests may take to finish."
+        default=30.0,
+        ge=0,
+        description="On SIGTERM/SIGINT, how long in-flight requests may take to finish; also how "
+        "long a version that stopped serving drains before it is unloaded.",
+    )
+    promote_accuracy_tolerance: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="A promotion is refused when the candidate version's measured accuracy is below "
+        "the stable version's by more than this (the admin can force it).",
     )
     quarantine_after_failures: int = Field(
         default=3, ge=1, description="Failed loads or crashed batches in a row before a variant is set aside."

@@ -32,11 +32,13 @@ __all__ = [
     "FleetEvent",
     "Hardware",
     "InputSpec",
+    "Labels",
     "LatencyPoint",
     "MachineInfo",
     "ModelKind",
     "Parity",
     "Precision",
+    "Principal",
     "Profile",
     "Role",
     "RuntimeName",
@@ -48,10 +50,13 @@ __all__ = [
     "UsageRecord",
     "Variant",
     "VariantSpec",
+    "VersionState",
     "WorkerInfo",
     "latency_bucket_counter",
     "pusd_to_usd",
+    "split_version",
     "usd_to_pusd",
+    "version_name",
 ]
 
 PUSD_PER_USD = 10**12
@@ -71,7 +76,10 @@ ModelKind = Literal["keras", "savedmodel", "onnx", "sklearn"]
 RuntimeName = Literal["tensorflow", "onnxruntime", "sklearn", "tensorrt"]
 Hardware = Literal["cpu", "gpu"]
 Precision = Literal["fp32", "fp16", "int8"]
-Role = Literal["admin", "tenant"]
+Role = Literal["admin", "owner", "tenant"]
+"""admin: everything; owner: registers and manages architectures in the tasks it owns, and
+queries; tenant: queries."""
+VersionState = Literal["loading", "ready", "serving", "retired", "failed"]
 
 _RUNTIME_SHORT: dict[str, str] = {
     "tensorflow": "tf",
@@ -109,6 +117,23 @@ class Task(_Value):
     validation_size: int = Field(ge=1)
     description: str = ""
     created_at_s: float = 0.0
+    owners: tuple[str, ...] = ()
+    """Owner keys' names that may register and manage architectures here (the creator, and whom
+    the admin grants); the admin always may."""
+
+
+def version_name(architecture: str, version: int) -> str:
+    """The stored name of one version: version 1 keeps the bare name (what existed before
+    versions did), later ones are ``name@N``. '@' is outside `NAME_RE`, so no registered name
+    collides with a version's."""
+    return architecture if version == 1 else f"{architecture}@{version}"
+
+
+def split_version(name: str) -> tuple[str, str | None]:
+    """``'net@2'`` → ``('net', '2')``; ``'net@canary'`` → ``('net', 'canary')``; ``'net'`` →
+    ``('net', None)``."""
+    base, sep, ref = name.partition("@")
+    return base, (ref if sep else None)
 
 
 class Architecture(_Value):
@@ -122,6 +147,36 @@ class Architecture(_Value):
     description: str = ""
     owner: str = "admin"
     created_at_s: float = 0.0
+    version: int = Field(default=1, ge=1)
+
+    @property
+    def line(self) -> str:
+        """The name its versions share (``net`` for ``net@2``)."""
+        return split_version(self.name)[0]
+
+
+class Labels(_Value):
+    """An architecture's versions: their states, which one is `stable`, which one is the `canary`
+    and the share of the architecture's traffic the canary takes. No document means one version,
+    stable. `previous` holds the stables replaced by a promote, most recent last (what a
+    rollback returns to)."""
+
+    architecture: str
+    stable: int = 1
+    canary: int | None = None
+    canary_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    previous: tuple[int, ...] = ()
+    states: dict[int, VersionState] = Field(default_factory=dict)
+    errors: dict[int, str] = Field(default_factory=dict)  # why a `failed` version failed
+
+    def state(self, version: int) -> VersionState:
+        if version in (self.stable, self.canary):
+            return "serving"
+        return self.states.get(version, "ready")
+
+    @property
+    def serving(self) -> tuple[int, ...]:
+        return (self.stable,) if self.canary is None else (self.stable, self.canary)
 
 
 class VariantSpec(_Value):
@@ -279,6 +334,13 @@ class Tenant(_Value):
     revoked: bool = False
 
 
+class Principal(_Value):
+    """Who sent a request: a key's name and role."""
+
+    name: str
+    role: Role
+
+
 class UsageKey(_Value):
     """Usage is aggregated per tenant × task × variant × minute (epoch minute)."""
 
@@ -372,6 +434,10 @@ class FleetEvent(_Value):
         "downgrade",
         "remove",
         "keep_warm",
+        "canary",
+        "promote",
+        "rollback",
+        "delete",
     ]
     variant: str
     worker_id: str | None = None

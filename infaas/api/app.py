@@ -21,6 +21,7 @@ from infaas.api.limits import BodyLimit
 from infaas.api.openapi import install_openapi
 from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
 from infaas.api.routes import models as model_routes
+from infaas.api.routes import versions as version_routes
 from infaas.autoscaler import Autoscaler, DemandWindow
 from infaas.batching import AsyncBatcher
 from infaas.journal import UsageJournal
@@ -36,6 +37,7 @@ from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
 from infaas.trace_recorder import TraceRecorder
 from infaas.types import MachineInfo
+from infaas.versions import Versions
 from infaas.workers.base import WorkerPool
 from infaas.workers.inprocess import InProcessPool
 from infaas.workers.placement import Placement
@@ -131,7 +133,12 @@ def create_app(
         autoscaler = Autoscaler(
             placement,
             lambda: the_router.snapshot.variants,
-            lambda: {a.name: a.task for a in the_router.snapshot.architectures.values()},
+            # Versions that take traffic only: the others are loaded and unloaded by their labels.
+            lambda: {
+                a.name: a.task
+                for a in the_router.snapshot.architectures.values()
+                if a.name in the_router.snapshot.serving
+            },
             demand,
             config=AutoscalingConfig(
                 target_utilization=settings.autoscale_target_utilization,
@@ -162,6 +169,9 @@ def create_app(
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
         app.state.placement = placement
         app.state.autoscaler = autoscaler
+        app.state.versions = versions = Versions(
+            settings, the_store, app.state.registry, the_router, placement, batcher, app.state.route_log.add
+        )
         pool_health: Callable[[], str | None] = getattr(the_pool, "health", lambda: None)
         app.state.readiness_checks.update(
             workers=lambda: pool_health() or True,
@@ -181,6 +191,7 @@ def create_app(
             if recording is not None:
                 await recording.close()
                 recorder.flush()
+            await versions.close()
             await autoscaler.close()
             await the_router.close()
             await batcher.close()
@@ -243,7 +254,7 @@ def create_app(
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
     app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
-    for module in (health, tenants, usage, fleet, metrics, dashboard, query):
+    for module in (health, tenants, usage, fleet, metrics, dashboard, query, version_routes):
         app.include_router(module.router)
     # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
     # a worker process of its own before registration returns, so a new model is servable at once.

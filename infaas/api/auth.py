@@ -20,7 +20,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -28,7 +27,7 @@ from fastapi import Depends, Request
 from infaas.errors import Forbidden, StoreError, Unauthenticated
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import Role, Tenant
+from infaas.types import Principal, Tenant
 
 __all__ = [
     "KEY_CACHE_TTL_S",
@@ -42,12 +41,6 @@ __all__ = [
 
 KEY_CACHE_TTL_S = 5.0
 """The longest a tenant key revoked on another front end (or in the store directly) still works here."""
-
-
-@dataclass(frozen=True)
-class Principal:
-    name: str
-    role: Role
 
 
 class KeyCache:

@@ -9,19 +9,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from infaas.api.profile_schemas import ProfileOut, profile_out
 from infaas.api.schemas import NAME_PATTERN
 from infaas.types import Architecture, Profile, SkippedVariant, Task, Variant
+from infaas.versions import VersionsView
 
 __all__ = [
     "ArchitectureOut",
+    "CanaryIn",
+    "DeletedOut",
+    "GrantIn",
     "ModelMetadata",
     "ModelRegistered",
+    "PromoteIn",
     "SkippedOut",
     "TaskOut",
     "VariantOut",
     "VariantsOut",
+    "VersionOut",
+    "VersionsOut",
     "architecture_out",
     "skipped_out",
     "task_out",
     "variant_out",
+    "versions_out",
 ]
 
 
@@ -38,10 +46,15 @@ class ModelMetadata(_Wire):
     profile: bool = Field(
         default=True, description="measure the new variants now (false: later, with `infaas profile`)"
     )
+    new_version: bool = Field(
+        default=False,
+        description="other bytes under an existing name become its next version (else 409)",
+    )
 
 
 class ArchitectureOut(_Wire):
-    name: str
+    name: str = Field(description="the stored name: version 1 is the bare name, later ones name@N")
+    version: int
     task: str
     kind: str
     description: str
@@ -87,6 +100,7 @@ class TaskOut(_Wire):
     validation_size: int
     description: str
     architectures: list[str]
+    owners: list[str] = Field(description="owner keys that manage it (the admin always does)")
 
 
 class ModelRegistered(_Wire):
@@ -101,6 +115,7 @@ class ModelRegistered(_Wire):
 def architecture_out(arch: Architecture, variants: int, skipped: int) -> ArchitectureOut:
     return ArchitectureOut(
         name=arch.name,
+        version=arch.version,
         task=arch.task,
         kind=arch.kind,
         description=arch.description,
@@ -143,4 +158,76 @@ def task_out(task: Task, architectures: list[str]) -> TaskOut:
         validation_size=task.validation_size,
         description=task.description,
         architectures=architectures,
+        owners=list(task.owners),
+    )
+
+
+class CanaryIn(_Wire):
+    version: int = Field(ge=1, description="the version that takes the share")
+    share: float = Field(gt=0.0, lt=1.0, description="fraction of the architecture's queries, e.g. 0.1")
+
+
+class PromoteIn(_Wire):
+    version: int | None = Field(default=None, ge=1, description="default: the canary")
+    force: bool = Field(default=False, description="admin only: promote past the accuracy guard")
+
+
+class GrantIn(_Wire):
+    owner: str = Field(pattern=NAME_PATTERN, description="an owner key's name")
+
+
+class VersionOut(_Wire):
+    version: int
+    name: str = Field(description="what a query pins: architecture name@version")
+    state: str = Field(description="loading | ready | serving | retired | failed")
+    labels: list[str]
+    accuracy: float | None
+    variants: int
+    loaded: list[str]
+    created_at_s: float | None
+    error: str | None
+
+
+class VersionsOut(_Wire):
+    architecture: str
+    task: str
+    stable: int
+    canary: int | None
+    canary_share: float = Field(description="the share set")
+    observed_queries: int = Field(description="queries to the architecture since the share was set")
+    observed_canary_share: float | None = Field(description="the share the canary really took")
+    versions: list[VersionOut]
+
+
+class DeletedOut(_Wire):
+    architecture: str
+    versions: list[int]
+    variants: int
+    artifacts_removed: int
+
+
+def versions_out(view: VersionsView) -> VersionsOut:
+    q = view.observed_queries
+    return VersionsOut(
+        architecture=view.architecture,
+        task=view.task,
+        stable=view.stable,
+        canary=view.canary,
+        canary_share=view.canary_share,
+        observed_queries=q,
+        observed_canary_share=view.observed_canary / q if q else None,
+        versions=[
+            VersionOut(
+                version=v.version,
+                name=v.name,
+                state=v.state,
+                labels=list(v.labels),
+                accuracy=v.accuracy,
+                variants=v.variants,
+                loaded=list(v.loaded),
+                created_at_s=v.created_at_s,
+                error=v.error,
+            )
+            for v in view.versions
+        ],
     )

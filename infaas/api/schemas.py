@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -35,10 +35,15 @@ class TenantCreate(_Wire):
     model_config = ConfigDict(json_schema_extra={"examples": [{"name": "acme"}]})
 
     name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits, '.', '_', '-'")
+    role: Literal["tenant", "owner"] = Field(
+        default="tenant",
+        description="tenant: queries; owner: also registers and manages models in the tasks it owns",
+    )
 
 
 class TenantCreated(_Wire):
     name: str
+    role: str = "tenant"
     api_key: str = Field(description="shown once; only its hash is stored")
 
 

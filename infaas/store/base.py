@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from infaas.errors import Conflict, TenantNotFound
 from infaas.types import (
     Architecture,
+    Labels,
     Profile,
     SkippedVariant,
     Task,
@@ -35,7 +36,7 @@ UsageMark = tuple[str, int]
 """(source, seq): which usage journal a batch of counters comes from, and the last entry it holds."""
 
 # Document kinds: one namespace each.
-TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY = (
+TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS = (
     "task",
     "arch",
     "variant",
@@ -44,6 +45,7 @@ TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY = (
     "tenant",
     "key",
     "tenant_key",
+    "labels",
 )
 
 
@@ -66,13 +68,19 @@ class MetadataStore(Protocol):
         variants: Sequence[Variant],
         skipped: Sequence[SkippedVariant],
         task: Task | None = None,
+        labels: Labels | None = None,
     ) -> None:
-        """Write an architecture, its variants (and its new task) in one atomic step."""
+        """Write an architecture, its variants (and its new task, its labels) in one atomic step."""
         ...
 
     def get_architecture(self, name: str) -> Architecture | None: ...
     def list_architectures(self, task: str | None = None) -> list[Architecture]: ...
     def delete_architecture(self, name: str) -> None: ...
+
+    def get_labels(self, architecture: str) -> Labels | None: ...
+    def list_labels(self) -> list[Labels]: ...
+    def put_labels(self, labels: Labels) -> None: ...
+    def delete_labels(self, architecture: str) -> None: ...
 
     def get_variant(self, name: str) -> Variant | None: ...
     def list_variants(self, architecture: str | None = None) -> list[Variant]: ...
@@ -165,10 +173,13 @@ class DocumentStore(abc.ABC):
         variants: Sequence[Variant],
         skipped: Sequence[SkippedVariant],
         task: Task | None = None,
+        labels: Labels | None = None,
     ) -> None:
         docs: list[tuple[str, str, str]] = []
         if task is not None:
             docs.append((TASK, task.name, task.model_dump_json()))
+        if labels is not None:
+            docs.append((LABELS, labels.architecture, labels.model_dump_json()))
         docs.append((ARCH, arch.name, arch.model_dump_json()))
         docs += [(VARIANT, v.name, v.model_dump_json()) for v in variants]
         docs += [(SKIPPED, s.name, s.model_dump_json()) for s in skipped]
@@ -182,10 +193,24 @@ class DocumentStore(abc.ABC):
         return [a for a in archs if task is None or a.task == task]
 
     def delete_architecture(self, name: str) -> None:
+        """Delete one stored architecture (one version) with its variants and profiles; usage,
+        keyed by variant name, stays."""
         prefix = f"{name}/"
         for kind in (VARIANT, SKIPPED, PROFILE):
             self.delete_docs(kind, prefix)
         self.delete_docs(ARCH, name, exact=True)
+
+    def get_labels(self, architecture: str) -> Labels | None:
+        return self._get(Labels, LABELS, architecture)
+
+    def list_labels(self) -> list[Labels]:
+        return self._list(Labels, LABELS)
+
+    def put_labels(self, labels: Labels) -> None:
+        self.put_docs([(LABELS, labels.architecture, labels.model_dump_json())])
+
+    def delete_labels(self, architecture: str) -> None:
+        self.delete_docs(LABELS, architecture, exact=True)
 
     def get_variant(self, name: str) -> Variant | None:
         return self._get(Variant, VARIANT, name)

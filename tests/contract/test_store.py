@@ -19,6 +19,7 @@ from infaas.store.redis import RedisStore
 from infaas.types import (
     Architecture,
     InputSpec,
+    Labels,
     LatencyPoint,
     MachineInfo,
     Parity,
@@ -150,6 +151,20 @@ def test_delete_architecture_removes_only_its_records(store: DocumentStore) -> N
     assert store.get_architecture("digits-mlp2") is not None
     assert len(store.list_variants("digits-mlp2")) == 1
     assert store.get_profile("digits-mlp2/onnx-cpu-fp32-t1") is not None
+
+
+def test_versions_and_labels_are_separate_records(store: DocumentStore) -> None:
+    labels = Labels(architecture="digits-mlp", stable=2, canary=3, canary_share=0.1, previous=(1,))
+    labels = labels.model_copy(update={"states": {1: "retired", 4: "failed"}, "errors": {4: "no variant"}})
+    store.register_architecture(make_arch("digits-mlp"), [make_variant("digits-mlp")], [], task=make_task())
+    v2 = make_arch("digits-mlp@2").model_copy(update={"version": 2})
+    store.register_architecture(v2, [make_variant("digits-mlp@2")], [], labels=labels)
+    assert store.get_labels("digits-mlp") == labels  # integer version keys survive JSON
+    assert [lab.architecture for lab in store.list_labels()] == ["digits-mlp"]
+    store.delete_architecture("digits-mlp")  # version 1 only: its prefix is not version 2's
+    assert [v.name for v in store.list_variants()] == ["digits-mlp@2/onnx-cpu-fp32-t1"]
+    store.delete_labels("digits-mlp")
+    assert store.get_labels("digits-mlp") is None
 
 
 def test_profiles_roundtrip_and_overwrite(store: DocumentStore) -> None:

@@ -33,6 +33,14 @@ def free_port() -> int:
         return port
 
 
+def create_key(url: str, admin_key: str, name: str, role: str = "tenant") -> str:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60.0) as c:
+        r = c.post("/v1/admin/tenants", json={"name": name, "role": role})
+        assert r.status_code == 201, r.text
+        key: str = r.json()["api_key"]
+        return key
+
+
 @dataclass
 class LiveServer:
     url: str
@@ -43,12 +51,9 @@ class LiveServer:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
 
-    def new_tenant(self, name: str) -> str:
-        with self.client(self.admin_key) as c:
-            r = c.post("/v1/admin/tenants", json={"name": name})
-            assert r.status_code == 201, r.text
-            key: str = r.json()["api_key"]
-            return key
+    def new_tenant(self, name: str, role: str = "tenant") -> str:
+        """A new key: role "tenant" queries, "owner" also registers into the tasks it owns."""
+        return create_key(self.url, self.admin_key, name, role)
 
 
 def serve_app(app: FastAPI) -> Iterator[str]:
@@ -83,12 +88,9 @@ class Served:
     def client(self, key: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0)
 
-    def new_tenant(self, name: str) -> str:
-        with self.client(self.admin_key) as c:
-            r = c.post("/v1/admin/tenants", json={"name": name})
-            assert r.status_code == 201, r.text
-            key: str = r.json()["api_key"]
-            return key
+    def new_tenant(self, name: str, role: str = "tenant") -> str:
+        """A new key: role "tenant" queries, "owner" also registers into the tasks it owns."""
+        return create_key(self.url, self.admin_key, name, role)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -72,9 +72,13 @@ class Sender:
 
 @pytest.fixture
 def bad(service: Service) -> Sender:
-    """A tenant of this test's own, for its bad requests: its usage must stay empty."""
+    """An owner of the task, of this test's own, for its bad requests (an owner key, so that bad
+    uploads reach the checks past ownership): its usage must stay empty."""
     name = f"bad-{uuid.uuid4().hex[:8]}"
-    return Sender(name, service.server.new_tenant(name))
+    key = service.server.new_tenant(name, role="owner")
+    with service.server.client(service.server.admin_key) as c:
+        assert c.post(f"/v1/admin/tasks/{TASK}/owners", json={"owner": name}).status_code == 200
+    return Sender(name, key)
 
 
 def _snapshot(service: Service, tenant: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def test_a_burst_right_after_registration_is_served_not_refused(tmp_path: Path) 
     empty.data_dir.mkdir()
     x, y = tiny_models.digits(200)
     with serve_process(empty, tmp_path / "run", env={"INFAAS_PROFILE_QUICK": "1"}) as served:
-        key = served.new_tenant("acme")
+        key = served.new_tenant("acme", role="owner")
         files = {
             "model": ("wide.onnx", tiny_models.mlp_onnx()),
             "validation": ("val.npz", tiny_models.validation_bytes(x, y)),

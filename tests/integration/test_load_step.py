@@ -47,7 +47,7 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
         "INFAAS_AUTOSCALE_DOWNSCALE_DELAY_S": str(HOLD_DOWN_S),
     }
     with serve_process(empty, tmp_path / "run", env=env) as served:
-        key = served.new_tenant("acme")
+        key = served.new_tenant("acme", role="owner")
         files = {
             "model": ("conv.onnx", tiny_models.deep_conv_onnx(channels=128, layers=12)),
             "validation": ("val.npz", tiny_models.validation_bytes(x, y)),

@@ -62,7 +62,7 @@ def test_tenant_registers_onnx_then_lists_it(
     live_server: LiveServer, digits: tuple[np.ndarray, np.ndarray], settings: Settings
 ) -> None:
     x, y = digits
-    key = live_server.new_tenant("acme")
+    key = live_server.new_tenant("acme", role="owner")
     model = ("lin.onnx", tiny_models.linear_onnx(x=x, y=y))
     status, body = _post(live_server, key, "lin", model, tiny_models.validation_bytes(x, y))
     assert status == 201, body
@@ -105,7 +105,7 @@ def test_a_registered_model_is_warm_when_registration_answers(
     """As TF Serving loads and warms a version before serving it: the burst that often follows a
     registration finds the new model's cheapest variant loaded, not refusals while it loads."""
     x, y = digits
-    key = live_server.new_tenant("acme")
+    key = live_server.new_tenant("acme", role="owner")
     model = ("warm.onnx", tiny_models.linear_onnx(x=x, y=y))
     status, body = _post(live_server, key, "warm", model, tiny_models.validation_bytes(x, y), profile=True)
     assert status == 201, body
@@ -124,7 +124,7 @@ def test_sklearn_upload_is_admin_only(
     buf = io.BytesIO()
     joblib.dump(tiny_models.sklearn_logreg(x, y), buf)
     val = tiny_models.validation_bytes(x, y)
-    key = live_server.new_tenant("acme")
+    key = live_server.new_tenant("acme", role="owner")
     status, body = _post(live_server, key, "lr", ("lr.joblib", buf.getvalue()), val)
     assert status == 403 and body["error"] == "forbidden"
     assert "ONNX" in str(body["detail"])
@@ -149,7 +149,7 @@ def test_metadata_is_read_from_a_form_field_or_a_file_part(
         files["metadata"] = ("meta.json", meta.encode(), "application/json")
     else:
         data["metadata"] = meta
-    with live_server.client(live_server.new_tenant("acme")) as c:
+    with live_server.client(live_server.new_tenant("acme", role="owner")) as c:
         r = c.post("/v1/models", files=files, data=data)
     assert r.status_code == 201, r.text
     assert r.json()["architecture"]["name"] == "lin" and r.json()["task"]["name"] == "digits"
@@ -230,7 +230,7 @@ def test_bad_uploads_get_a_clear_4xx_leave_nothing_and_the_service_keeps_serving
         "not-probabilities": ("m.onnx", tiny_models.linear_onnx(softmax=False)),
         "bad-metadata": ("m.onnx", tiny_models.linear_onnx()),
     }
-    key = live_server.new_tenant("acme")
+    key = live_server.new_tenant("acme", role="owner")
     with live_server.client(key) as c:
         for case, status, error in _BAD_CASES:
             meta = "{not json" if case == "bad-metadata" else json.dumps({"name": "bad", "task": "digits"})

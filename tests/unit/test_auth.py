@@ -17,7 +17,7 @@ def test_admin_key_generated_once_owner_readable(tmp_path: object) -> None:
 
 def test_key_cache_expires_and_drops_a_revoked_tenant() -> None:
     cache = KeyCache(ttl_s=5.0)
-    acme, other = Principal("acme", "tenant"), Principal("other", "tenant")
+    acme, other = Principal(name="acme", role="tenant"), Principal(name="other", role="tenant")
     d1, d2, d3 = (KeyCache.digest(k) for k in ("key-1", "key-2", "key-3"))
     assert d1 != "key-1" and len(d1) == 64  # digests, never the keys
     cache.put(d1, acme, now_s=100.0)
@@ -35,7 +35,7 @@ def test_key_cache_expires_and_drops_a_revoked_tenant() -> None:
 def test_key_cache_is_bounded() -> None:
     cache = KeyCache(ttl_s=5.0, max_entries=3)
     for i in range(3):
-        cache.put(KeyCache.digest(f"k{i}"), Principal(f"t{i}", "tenant"), now_s=0.0)
+        cache.put(KeyCache.digest(f"k{i}"), Principal(name=f"t{i}", role="tenant"), now_s=0.0)
     assert len(cache) == 3
-    cache.put(KeyCache.digest("k3"), Principal("t3", "tenant"), now_s=0.0)
+    cache.put(KeyCache.digest("k3"), Principal(name="t3", role="tenant"), now_s=0.0)
     assert len(cache) == 1 and cache.get(KeyCache.digest("k3"), now_s=1.0) is not None

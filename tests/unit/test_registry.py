@@ -11,6 +11,7 @@ import pytest
 from infaas.errors import (
     Conflict,
     Forbidden,
+    InfaasError,
     InvalidInput,
     PayloadTooLarge,
     RegistrationError,
@@ -61,9 +62,10 @@ def _leftovers(settings: Settings) -> list[Path]:
 
 def test_register_creates_task_architecture_and_variants(registry: Registry, files: dict[str, Path]) -> None:
     result = registry.register(
-        files["model"], name="lin", task="digits", validation=files["val"], role="tenant", owner="acme"
+        files["model"], name="lin", task="digits", validation=files["val"], role="owner", owner="acme"
     )
     assert result.created and result.task_created
+    assert result.task.owners == ("acme",)  # its creator owns the new task
     assert result.task.input_spec.shape == (64,) and result.task.num_classes == 10
     assert result.task.validation_size == 200
     assert result.architecture.kind == "onnx" and result.architecture.owner == "acme"
@@ -91,7 +93,7 @@ def test_same_bytes_again_is_idempotent_and_different_bytes_conflict(
     assert sorted(registry.settings.artifacts_dir.rglob("*")) == artifacts_before
     with pytest.raises(Conflict, match="different bytes"):
         registry.register(files["other"], name="lin", task="digits")
-    with pytest.raises(Conflict, match="different task"):
+    with pytest.raises(Conflict, match="registered in task 'digits'"):
         registry.register(files["model"], name="lin", task="other-task", validation=files["val"])
 
 
@@ -115,7 +117,7 @@ def test_sklearn_upload_from_a_tenant_is_refused_before_unpickling(
     upload.write_bytes(tiny_models.tripwire_pickle(sentinel))
     with pytest.raises(Forbidden, match=r"upload the \.onnx instead"):
         registry.register(
-            upload, name="sk", task="digits", validation=files["val"], role="tenant", owner="acme"
+            upload, name="sk", task="digits", validation=files["val"], role="owner", owner="acme"
         )
     assert not sentinel.exists()
     assert registry.store.get_architecture("sk") is None
@@ -216,3 +218,65 @@ def test_check_probabilities() -> None:
         check_probabilities(np.ones((4, 1), dtype=np.float32), 4)
     with pytest.raises(SpecMismatch, match="NaN"):
         check_probabilities(np.array([[np.nan, 1.0]], dtype=np.float32), 1)
+
+
+def test_only_owners_of_a_task_register_into_it(registry: Registry, files: dict[str, Path]) -> None:
+    with pytest.raises(Forbidden, match="tenant keys query"):
+        registry.register(
+            files["model"], name="lin", task="digits", validation=files["val"], role="tenant", owner="t"
+        )
+    registry.register(
+        files["model"], name="lin", task="digits", validation=files["val"], role="owner", owner="acme"
+    )
+    with pytest.raises(Forbidden, match="belongs to other owners"):
+        registry.register(files["other"], name="cheap", task="digits", role="owner", owner="mallory")
+    assert registry.store.get_architecture("cheap") is None
+    registry.register(files["other"], name="lin2", task="digits", role="owner", owner="acme")
+    registry.register(files["other"], name="lin3", task="digits")  # the admin always may
+
+
+def test_new_bytes_with_new_version_become_the_next_version(
+    registry: Registry, files: dict[str, Path]
+) -> None:
+    first = registry.register(files["model"], name="lin", task="digits", validation=files["val"])
+    second = registry.register(files["other"], name="lin", task="digits", new_version=True)
+    assert second.created and second.architecture.name == "lin@2" and second.architecture.version == 2
+    assert second.variants and all(v.name.startswith("lin@2/") for v in second.variants)
+    assert {v.name for v in registry.store.list_variants("lin")} == {v.name for v in first.variants}
+    labels = registry.store.get_labels("lin")
+    assert labels is not None and labels.stable == 1 and labels.state(2) == "ready"
+    # Either version's bytes again: that version, nothing new.
+    again = registry.register(files["model"], name="lin", task="digits", new_version=True)
+    assert not again.created and again.architecture.name == "lin"
+    assert not registry.register(files["other"], name="lin", task="digits").created
+    assert {a.name for a in registry.store.list_architectures()} == {"lin", "lin@2"}
+
+
+def test_a_version_that_fails_to_build_is_recorded_failed(
+    registry: Registry, files: dict[str, Path], tmp_path: Path
+) -> None:
+    registry.register(files["model"], name="lin", task="digits", validation=files["val"])
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx model")
+    with pytest.raises(InfaasError):
+        registry.register(broken, name="lin", task="digits", new_version=True)
+    labels = registry.store.get_labels("lin")
+    assert labels is not None and labels.state(2) == "failed" and labels.errors[2]
+    assert registry.store.get_architecture("lin@2") is None
+
+
+def test_remove_artifacts_keeps_what_another_version_uses(registry: Registry, files: dict[str, Path]) -> None:
+    registry.register(files["model"], name="lin", task="digits", validation=files["val"])
+    registry.register(files["other"], name="lin", task="digits", new_version=True)
+    store = registry.store
+    gone = store.get_architecture("lin@2")
+    assert gone is not None
+    rels = [gone.artifact] + [v.artifact for v in store.list_variants("lin@2")]
+    shared = store.get_architecture("lin")
+    assert shared is not None
+    store.delete_architecture("lin@2")
+    removed = registry.remove_artifacts([*rels, shared.artifact])
+    assert removed == len({Path(*Path(r).parts[:2]) for r in rels})
+    assert not any((registry.settings.artifacts_dir / r).exists() for r in rels)
+    assert all((registry.settings.artifacts_dir / v.artifact).exists() for v in store.list_variants("lin"))
+    assert (registry.settings.artifacts_dir / shared.artifact).exists()

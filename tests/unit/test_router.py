@@ -18,7 +18,7 @@ from infaas.errors import (
 )
 from infaas.router import DEFAULT_OVERHEAD_MS, PROBE_INTERVAL_S, OverheadTracker, Router, _quantile
 from infaas.store import MemoryStore
-from infaas.types import SLO, MachineInfo, Profile
+from infaas.types import SLO, Labels, MachineInfo, Profile
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
 from infaas.workers.placement import Placement
 from tests.factories import make_arch, make_task
@@ -330,5 +330,51 @@ def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
         await asyncio.gather(*waiting)
         await router.close()
         await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_versions_route_by_their_labels_and_the_canary_takes_its_exact_share() -> None:
+    async def scenario() -> None:
+        store = store_with_one_task()
+        v1 = register(store, "net")
+        variant, profile = make_entry(
+            "net@2", "onnxruntime", 1, accuracy=0.9, base_ms=1.0, per_row_ms=0.0, price_usd_per_s=1e-5
+        )
+        store.register_architecture(
+            make_arch("net@2").model_copy(update={"version": 2}),
+            [variant],
+            [],
+            labels=Labels(architecture="net", states={2: "ready"}),
+        )
+        store.put_profile(profile)
+        pool = InProcessPool(loader=lambda v: EchoModel(v.name))
+        router = Router(store, pool, AsyncBatcher(pool), miss_refresh_interval_s=0.0, machine=MACHINE)
+        router.refresh()
+        for name in (v1, variant.name):
+            await pool.ensure_loaded(store.get_variant(name))  # type: ignore[arg-type]
+        slo = SLO(latency_ms=100)
+        assert router.snapshot.serving == {"net"}  # a ready version takes no traffic
+        assert {router.route("t", 1, slo, now_s=1.0).variant.name for _ in range(20)} == {v1}
+        assert router.route("t", 1, slo, now_s=1.0, architecture="net@2").variant.name == variant.name
+        with pytest.raises(ArchitectureNotFound):
+            router.route("t", 1, slo, now_s=1.0, architecture="net@canary")  # there is none
+        with pytest.raises(ArchitectureNotFound):
+            router.route("t", 1, slo, now_s=1.0, architecture="net@9")
+
+        store.put_labels(Labels(architecture="net", canary=2, canary_share=0.2))
+        router.refresh()
+        assert router.snapshot.serving == {"net", "net@2"}
+        picks = [router.route("t", 1, slo, now_s=2.0).variant.name for _ in range(1000)]
+        assert picks.count(variant.name) == 200  # exact, not about 200
+        assert router.canary_split.observed("net", 2) == (1000, 200)
+        pinned = {
+            router.route("t", 1, slo, now_s=2.0, architecture="net@stable").variant.name for _ in range(10)
+        }
+        assert pinned == {v1}  # a pinned label is not split
+        assert router.route("t", 1, slo, now_s=2.0, architecture="net@canary").variant.name == variant.name
+        assert router.route("t", 1, slo, now_s=2.0, architecture="net@1").variant.name == v1
+        await router.close()
+        await pool.close()
 
     asyncio.run(scenario())

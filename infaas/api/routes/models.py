@@ -165,13 +165,15 @@ async def register_model(
             owner=principal.name,
             role=principal.role,
             profile=meta.profile,
+            new_version=meta.new_version,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     router: Router | None = getattr(request.app.state, "router", None)
-    if result.created and router is not None:
+    if result.created and result.architecture.version == 1 and router is not None:
         # Warm before answering: the burst that often follows a registration then finds the
-        # model's cheapest variant loaded instead of refusals while it loads.
+        # model's cheapest variant loaded instead of refusals while it loads. (A later version
+        # takes no traffic until labelled; `infaas.versions` warms it then.)
         await router.warm_architecture(result.architecture.name)
     body = await run_in_threadpool(_registered, result, _store(request))
     return JSONResponse(body.model_dump(mode="json"), status_code=201 if result.created else 200)

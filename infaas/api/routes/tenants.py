@@ -1,4 +1,5 @@
-"""Tenants and their API keys (admin only). A key is returned once; the store keeps its hash.
+"""Tenants and owners and their API keys (admin only; an owner key is a tenant key that may also
+register and manage models in the tasks it owns). A key is returned once; the store keeps its hash.
 
 The routes are plain `def`: FastAPI runs them in its thread pool, so a store that is slow or down
 (each call bounded by `INFAAS_STORE_TIMEOUT_S`) never stalls the event loop that answers queries."""
@@ -32,8 +33,8 @@ def _store(request: Request) -> MetadataStore:
 )
 def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> TenantCreated:
     key = new_api_key()
-    _store(request).create_tenant(Tenant(name=body.name, created_at_s=time.time()), key)
-    return TenantCreated(name=body.name, api_key=key)
+    _store(request).create_tenant(Tenant(name=body.name, role=body.role, created_at_s=time.time()), key)
+    return TenantCreated(name=body.name, role=body.role, api_key=key)
 
 
 @router.get("", dependencies=KEY_REQUIRED, responses=error_responses(*ADMIN_KEY))

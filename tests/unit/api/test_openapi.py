@@ -92,6 +92,14 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
         "DELETE /v1/admin/tenants/{name}",
         "GET /v1/admin/fleet",
         "GET /metrics",
+        "GET /v1/models/{architecture}/versions",
+        "PUT /v1/models/{architecture}/canary",
+        "DELETE /v1/models/{architecture}/canary",
+        "POST /v1/models/{architecture}/promote",
+        "POST /v1/models/{architecture}/rollback",
+        "DELETE /v1/models/{architecture}",
+        "DELETE /v1/models/{architecture}/versions/{version}",
+        "POST /v1/admin/tasks/{task}/owners",
     }
     for label, operation in _operations(document):
         responses = operation["responses"]
@@ -108,6 +116,16 @@ def test_each_route_lists_what_its_code_answers(document: dict[str, Any]) -> Non
     assert statuses["POST /v1/models"] == ["200", "201", "400", "401", "403", "409", "413", "422", "503"]
     assert statuses["POST /v1/admin/tenants"] == ["201", "400", "401", "403", "409", "413", "503"]
     assert statuses["DELETE /v1/admin/tenants/{name}"] == ["204", "401", "403", "404", "413", "503"]
+    assert statuses["POST /v1/models/{architecture}/promote"] == [
+        "200",
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "413",
+        "503",
+    ]
     assert statuses["GET /v1/usage"] == ["200", "400", "401", "403", "503"]
     assert statuses["GET /v1/tasks"] == ["200", "401", "503"]
     assert statuses["GET /healthz"] == ["200"]

@@ -259,7 +259,9 @@ def test_a_revoked_key_stops_working_at_once_although_it_was_cached(
     store.revoke_tenant("t2")
     assert post(client, keys["t2"], q())[0] == 200
     cache: KeyCache = client.app.state.key_cache
-    cache.put(KeyCache.digest(keys["t2"]), Principal("t2", "tenant"), now_s=time.monotonic() - cache.ttl_s)
+    cache.put(
+        KeyCache.digest(keys["t2"]), Principal(name="t2", role="tenant"), now_s=time.monotonic() - cache.ttl_s
+    )
     assert post(client, keys["t2"], q())[0] == 200  # stale, revalidating
     deadline = time.monotonic() + 5.0
     while (status := post(client, keys["t2"], q())[0]) == 200 and time.monotonic() < deadline:
