@@ -232,7 +232,8 @@ def variants(architecture: str = typer.Argument(..., help="Architecture name."))
         store.close()
 
 
-# ---- the version lifecycle: through the running server, which loads, switches and drains ----
+# ---- through the running server: the version lifecycle (it loads, switches and drains) and a
+# tenant's default targets ------------------------------------------------------------------------
 _URL = typer.Option(None, "--url", help="The server (default: http://INFAAS_HOST:INFAAS_PORT).")
 _KEY = typer.Option(
     None, "--key", envvar="INFAAS_API_KEY", help="An owner or admin key (default: this data dir's admin key)."
@@ -240,7 +241,7 @@ _KEY = typer.Option(
 
 
 def _lifecycle(url: str | None, key: str | None, call: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    """Run one lifecycle call against the server; errors print what to do and exit 1."""
+    """Run one call against the server; errors print what to do and exit 1."""
     from infaas.api.auth import ensure_admin_key
     from infaas.client import Client
     from infaas.errors import InfaasError
@@ -280,6 +281,35 @@ def _print_versions(view: dict[str, Any]) -> None:
             f"canary v{view['canary']} at {view['canary_share']:.1%} of queries; observed "
             + ("nothing yet" if seen is None else f"{seen:.1%} of {view['observed_queries']}")
         )
+
+
+@app.command("targets")
+def targets(
+    task: str | None = typer.Argument(None, help="Set this task's defaults (omit to list them)."),
+    latency_ms: float | None = typer.Option(None, "--latency-ms", help="Latency target, ms."),
+    min_accuracy: float = typer.Option(0.0, "--min-accuracy", help="Accuracy floor, 0-1."),
+    max_cost: float | None = typer.Option(None, "--max-cost-usd-per-1k", help="Cost ceiling."),
+    url: str | None = _URL,
+    key: str | None = typer.Option(None, "--key", envvar="INFAAS_API_KEY", help="The tenant's key."),
+) -> None:
+    """A tenant's default targets per task: what its requests that carry none are held to (the
+    KServe V2 and TensorFlow Serving protocols)."""
+    from rich.table import Table
+
+    if task is not None:
+        if latency_ms is None:
+            console.print("[red]error:[/] --latency-ms is needed to set a task's defaults")
+            raise typer.Exit(2)
+        _lifecycle(url, key, lambda c: c.set_targets(task, latency_ms, min_accuracy, max_cost))
+    rows = _lifecycle(url, key, lambda c: {"targets": c.targets()})["targets"]
+    table = Table(title="default targets")
+    for col in ("task", "latency_ms", "min_accuracy", "max_cost_usd_per_1k"):
+        table.add_column(col)
+    for t in rows:
+        table.add_row(
+            t["task"], f"{t['latency_ms']:g}", f"{t['min_accuracy']:g}", str(t["max_cost_usd_per_1k"])
+        )
+    console.print(table)
 
 
 @app.command("versions")

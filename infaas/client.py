@@ -132,6 +132,27 @@ class Client:
         result: list[dict[str, Any]] = self._request("GET", "/v1/tasks")
         return result
 
+    def set_targets(
+        self,
+        task: str,
+        latency_ms: float,
+        min_accuracy: float = 0.0,
+        max_cost_usd_per_1k: float | None = None,
+    ) -> dict[str, Any]:
+        """Store this key's default targets for `task` (for requests that carry none)."""
+        body = {
+            "latency_ms": latency_ms,
+            "min_accuracy": min_accuracy,
+            "max_cost_usd_per_1k": max_cost_usd_per_1k,
+        }
+        result: dict[str, Any] = self._request("PUT", f"/v1/targets/{task}", json=body)
+        return result
+
+    def targets(self) -> list[dict[str, Any]]:
+        """This key's default targets, per task."""
+        result: list[dict[str, Any]] = self._request("GET", "/v1/targets")
+        return result
+
     # ---- the version lifecycle (owner or admin keys; `versions` with any key) ----------------
     def versions(self, architecture: str) -> dict[str, Any]:
         """The architecture's versions, labels and the canary share observed."""

@@ -102,6 +102,12 @@ class Settings(BaseSettings):
         description="On SIGTERM/SIGINT, how long in-flight requests may take to finish; also how "
         "long a version that stopped serving drains before it is unloaded.",
     )
+    default_latency_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="The latency target of a request that carries no targets (KServe V2, TF Serving "
+        "REST) from a tenant that stored no default targets for its task.",
+    )
     promote_accuracy_tolerance: float = Field(
         default=0.01,
         ge=0.0,

@@ -43,6 +43,7 @@ __all__ = [
     "Role",
     "RuntimeName",
     "SkippedVariant",
+    "Targets",
     "Task",
     "Tenant",
     "UsageDelta",
@@ -325,6 +326,24 @@ class Decision(_Value):
     accuracy: float
     reason: str
     load_hint: str | None = None  # a cheaper feasible variant the pool should load
+
+
+class Targets(_Value):
+    """A tenant's default targets for one task: what a request that carries none is held to."""
+
+    tenant: str
+    task: str
+    latency_ms: float = Field(gt=0)
+    min_accuracy: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(
+            latency_ms=self.latency_ms,
+            min_accuracy=self.min_accuracy,
+            max_cost_usd_per_1k=self.max_cost_usd_per_1k,
+        )
 
 
 class Tenant(_Value):

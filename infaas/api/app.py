@@ -19,11 +19,23 @@ from infaas.api.auth import KeyCache, ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.limits import BodyLimit
 from infaas.api.openapi import install_openapi
-from infaas.api.routes import dashboard, fleet, health, metrics, query, tenants, usage
+from infaas.api.routes import (
+    dashboard,
+    fleet,
+    health,
+    kserve,
+    metrics,
+    query,
+    targets,
+    tenants,
+    tfserving,
+    usage,
+)
 from infaas.api.routes import models as model_routes
 from infaas.api.routes import versions as version_routes
 from infaas.autoscaler import Autoscaler, DemandWindow
 from infaas.batching import AsyncBatcher
+from infaas.dataplane import DataPlane
 from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
 from infaas.metrics import Metrics
@@ -169,6 +181,7 @@ def create_app(
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
         app.state.placement = placement
         app.state.autoscaler = autoscaler
+        app.state.dataplane = DataPlane(settings, the_store, the_router, batcher, meter)
         app.state.versions = versions = Versions(
             settings, the_store, app.state.registry, the_router, placement, batcher, app.state.route_log.add
         )
@@ -254,7 +267,7 @@ def create_app(
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
     app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
-    for module in (health, tenants, usage, fleet, metrics, dashboard, query, version_routes):
+    for module in (health, tenants, usage, targets, fleet, metrics, dashboard, query, version_routes, kserve):
         app.include_router(module.router)
     # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
     # a worker process of its own before registration returns, so a new model is servable at once.
@@ -262,4 +275,5 @@ def create_app(
         settings, the_store, profiler=ProcessProfiler(settings, the_store, quick=settings.profile_quick)
     )
     app.include_router(model_routes.router)
+    app.include_router(tfserving.router)  # after infaas's own /v1/models routes (see its docstring)
     return app

@@ -10,6 +10,8 @@ __all__ = [
     "QueryRequest",
     "QueryResponse",
     "Readiness",
+    "TargetsIn",
+    "TargetsOut",
     "TenantCreate",
     "TenantCreated",
     "TenantOut",
@@ -96,6 +98,20 @@ class QueryRequest(_Wire):
     max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)
     architecture: str | None = Field(default=None, description="pin a model; infaas picks its variant")
     variant: str | None = Field(default=None, description="pin an exact variant")
+
+
+class TargetsIn(_Wire):
+    """A tenant's default targets for one task."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"latency_ms": 50, "min_accuracy": 0.9}]})
+
+    latency_ms: float = Field(gt=0, le=3_600_000)
+    min_accuracy: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)
+
+
+class TargetsOut(TargetsIn):
+    task: str
 
 
 class QueryResponse(_Wire):

@@ -21,6 +21,7 @@ from infaas.types import (
     Labels,
     Profile,
     SkippedVariant,
+    Targets,
     Task,
     Tenant,
     UsageDelta,
@@ -36,7 +37,7 @@ UsageMark = tuple[str, int]
 """(source, seq): which usage journal a batch of counters comes from, and the last entry it holds."""
 
 # Document kinds: one namespace each.
-TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS = (
+TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS = (
     "task",
     "arch",
     "variant",
@@ -46,6 +47,7 @@ TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS = (
     "key",
     "tenant_key",
     "labels",
+    "targets",
 )
 
 
@@ -81,6 +83,10 @@ class MetadataStore(Protocol):
     def list_labels(self) -> list[Labels]: ...
     def put_labels(self, labels: Labels) -> None: ...
     def delete_labels(self, architecture: str) -> None: ...
+
+    def get_targets(self, tenant: str, task: str) -> Targets | None: ...
+    def list_targets(self, tenant: str) -> list[Targets]: ...
+    def put_targets(self, targets: Targets) -> None: ...
 
     def get_variant(self, name: str) -> Variant | None: ...
     def list_variants(self, architecture: str | None = None) -> list[Variant]: ...
@@ -211,6 +217,15 @@ class DocumentStore(abc.ABC):
 
     def delete_labels(self, architecture: str) -> None:
         self.delete_docs(LABELS, architecture, exact=True)
+
+    def get_targets(self, tenant: str, task: str) -> Targets | None:
+        return self._get(Targets, TARGETS, f"{tenant}/{task}")
+
+    def list_targets(self, tenant: str) -> list[Targets]:
+        return self._list(Targets, TARGETS, f"{tenant}/")
+
+    def put_targets(self, targets: Targets) -> None:
+        self.put_docs([(TARGETS, f"{targets.tenant}/{targets.task}", targets.model_dump_json())])
 
     def get_variant(self, name: str) -> Variant | None:
         return self._get(Variant, VARIANT, name)

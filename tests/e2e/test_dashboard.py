@@ -92,6 +92,9 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
             assert page.locator("#workers-table tbody tr[data-worker='inprocess-0']").count() == 1
             assert page.locator("#events-table tbody tr[data-kind='route']").count() >= 1
             assert page.locator("#replicas-table tbody tr[data-variant]").count() >= 1
+            with server.client(server.admin_key) as admin:
+                lines = admin.get("/v1/admin/fleet").json()["versions"]
+            assert lines and page.locator("#versions-table tbody tr[data-architecture]").count() == len(lines)
 
             # It refreshes itself: more traffic shows up without a reload.
             more = send_traffic(server, {"beta": keys["beta"]}, {"beta": 3})

@@ -20,11 +20,13 @@ def test_v1_routes_need_a_key_and_the_right_role(live_server: LiveServer) -> Non
         assert r.headers["www-authenticate"] == "Bearer"
     with live_server.client("not-a-key") as c:
         assert c.get("/v1/admin/tenants").status_code == 401
-    key = live_server.new_tenant("acme")
-    with live_server.client(key) as c:
-        r = c.get("/v1/admin/tenants")
-        assert r.status_code == 403
-        assert set(r.json()) >= {"error", "detail"}
+    for role in ("tenant", "owner"):  # an owner key manages its tasks' models, not the service
+        key = live_server.new_tenant(f"acme-{role}", role=role)
+        with live_server.client(key) as c:
+            r = c.get("/v1/admin/tenants")
+            assert r.status_code == 403
+            assert set(r.json()) >= {"error", "detail"}
+            assert c.post("/v1/admin/tenants", json={"name": "x", "role": "owner"}).status_code == 403
 
 
 def test_tenant_key_shown_once_and_revocable(live_server: LiveServer) -> None:

@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from infaas import cli
 from infaas.settings import Settings
 from infaas.store import open_store
 from tests import tiny_models
@@ -204,6 +206,12 @@ def test_delete_makes_a_version_unroutable_removes_its_artifacts_and_keeps_usage
         assert not any(p.exists() for p in doomed)
         assert query(http, "deleting")["variant"].startswith("gone/")  # v1 still serves
         assert [v["version"] for v in http.get("/v1/models/gone/versions").json()["versions"]] == [1]
+    # The CLI speaks to the same routes.
+    runner = CliRunner()
+    shown = runner.invoke(cli.app, ["versions", "gone", "--url", served.url, "--key", owner])
+    assert shown.exit_code == 0 and "versions of gone" in shown.output and "serving" in shown.output
+    refused = runner.invoke(cli.app, ["rollback", "gone", "--url", served.url, "--key", owner])
+    assert refused.exit_code == 1 and "no earlier stable version" in refused.output
     # Usage stays (flushed to the store every 0.2 s here: wait for the flush, not for luck).
     deadline = time.monotonic() + 10.0
     with served.client(served.admin_key) as admin:

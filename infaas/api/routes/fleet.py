@@ -19,11 +19,23 @@ from infaas.api.auth import AdminPrincipal
 from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
 from infaas.autoscaler import Autoscaler, FleetCost
 from infaas.errors import InvalidInput
+from infaas.policy.versions import CanarySplit
 from infaas.routelog import RouteLog
-from infaas.types import FleetEvent, WorkerInfo
+from infaas.router import Router, Snapshot
+from infaas.types import FleetEvent, VersionState, WorkerInfo
 from infaas.workers.base import Batcher, FleetSource
 
-__all__ = ["Fleet", "FleetCostView", "FleetView", "VariantCost", "fleet_sources", "fleet_view", "router"]
+__all__ = [
+    "Fleet",
+    "FleetCostView",
+    "FleetView",
+    "LineLabels",
+    "VariantCost",
+    "fleet_sources",
+    "fleet_view",
+    "router",
+    "version_lines",
+]
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -46,6 +58,44 @@ class FleetCostView(BaseModel):
     by_variant: dict[str, VariantCost]
 
 
+class LineLabels(BaseModel):
+    """One architecture's versions as the router serves them now."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    architecture: str
+    stable: int
+    canary: int | None
+    canary_share: float  # the share set
+    observed_queries: int  # queries to the architecture since that share was set
+    observed_canary_share: float | None  # the share the canary really took
+    versions: dict[int, VersionState]
+
+
+def version_lines(snapshot: Snapshot, split: CanarySplit) -> tuple[LineLabels, ...]:
+    """Every architecture's labels and version states, and the canary share observed (no I/O)."""
+    stored: dict[str, dict[int, VersionState]] = {}
+    for arch in snapshot.architectures.values():
+        stored.setdefault(arch.line, {})[arch.version] = snapshot.labels[arch.line].state(arch.version)
+    lines = []
+    for name, versions in sorted(stored.items()):
+        labels = snapshot.labels[name]
+        queries, canary = split.observed(name, labels.canary) if labels.canary else (0, 0)
+        lost = {v: s for v, s in labels.states.items() if v not in versions and s in ("loading", "failed")}
+        lines.append(
+            LineLabels(
+                architecture=name,
+                stable=labels.stable,
+                canary=labels.canary,
+                canary_share=labels.canary_share,
+                observed_queries=queries,
+                observed_canary_share=canary / queries if queries else None,
+                versions=dict(sorted({**versions, **lost}.items())),
+            )
+        )
+    return tuple(lines)
+
+
 class FleetView(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -57,6 +107,7 @@ class FleetView(BaseModel):
     queue_depths: dict[str, int]  # requests waiting in the batcher, per variant
     cost: FleetCostView
     events: tuple[FleetEvent, ...]  # newest first
+    versions: tuple[LineLabels, ...] = ()  # per architecture: labels, states, canary share seen
 
 
 def fleet_view(
@@ -143,4 +194,6 @@ async def fleet(
         recent,
         pool.cost if pool is not None else None,
     )
-    return view.model_copy(update={"events": view.events[:events]})
+    routing: Router | None = getattr(request.app.state, "router", None)
+    lines = version_lines(routing.snapshot, routing.canary_split) if routing is not None else ()
+    return view.model_copy(update={"events": view.events[:events], "versions": lines})

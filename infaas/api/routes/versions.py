@@ -65,7 +65,7 @@ def _deleted(done: Deleted) -> DeletedOut:
 @router.get(
     "/v1/models/{architecture}/versions",
     dependencies=KEY_REQUIRED,
-    responses=error_responses(ArchitectureNotFound, *TENANT_KEY),
+    responses=error_responses(InvalidInput, ArchitectureNotFound, *TENANT_KEY),
 )
 def list_versions(architecture: Name, request: Request, _: TenantPrincipal) -> VersionsOut:
     """An architecture's versions with their states and labels, and the canary share observed."""

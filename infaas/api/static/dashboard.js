@@ -275,6 +275,20 @@
       workers.appendChild(tr);
     }
     if (fleet.workers.length === 0) emptyRow(workers, 6, "no workers started yet");
+    const lines = $("versions-table").querySelector("tbody");
+    lines.replaceChildren();
+    for (const line of fleet.versions) {
+      const tr = el("tr", { "data-architecture": line.architecture });
+      tr.appendChild(el("td", {}, line.architecture));
+      tr.appendChild(el("td", { class: "num" }, `v${line.stable}`));
+      tr.appendChild(el("td", {}, line.canary ? `v${line.canary} at ${(100 * line.canary_share).toFixed(1)} %` : "–"));
+      const seen = line.observed_canary_share;
+      tr.appendChild(el("td", { class: "num canary-seen" },
+        seen === null ? "–" : `${(100 * seen).toFixed(1)} % of ${line.observed_queries}`));
+      tr.appendChild(el("td", {}, Object.entries(line.versions).map(([v, state]) => `v${v} ${state}`).join(", ")));
+      lines.appendChild(tr);
+    }
+    if (fleet.versions.length === 0) emptyRow(lines, 5, "no architectures");
     const queues = $("queues-table").querySelector("tbody");
     queues.replaceChildren();
     for (const [variant, depth] of Object.entries(fleet.queue_depths)) {

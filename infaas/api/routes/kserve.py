@@ -1,0 +1,352 @@
+"""KServe V2 (the Open Inference Protocol) over REST, as an adapter on the data plane.
+
+`{name}` is a task (model-less: the variant is picked per query for the targets in the request's
+`parameters` — `latency_ms`, `min_accuracy`, `max_cost_usd_per_1k` — else the tenant's default
+targets for the task) or an architecture (``/versions/{v}`` pins one of its versions);
+``parameters.variant`` pins a variant. Tensors travel as JSON or with the binary tensor data
+extension (``Inference-Header-Content-Length``), in both directions, per input and per requested
+output. The answer's ``parameters`` carry infaas's decision. Errors are the protocol's
+``{"error": "<message>"}`` (with infaas's ``detail`` beside it) and the status of infaas's error
+table. Health routes need no key (probes); the model routes need one, as every route does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+
+from infaas.api.auth import authenticate
+from infaas.api.errors import status_for
+from infaas.dataplane import DataPlane, InferenceRequest, ModelRef
+from infaas.errors import InfaasError, InvalidInput, NotFound, Unavailable
+from infaas.types import SLO, Task, pusd_to_usd
+
+__all__ = ["DATATYPES", "router"]
+
+router = APIRouter(tags=["kserve-v2"], include_in_schema=False)
+
+HEADER_LENGTH = "inference-header-content-length"
+INPUT_NAME = "input"
+OUTPUT_NAME = "probabilities"
+
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "FP16": np.dtype("<f2"),
+    "INT8": np.dtype("i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "UINT8": np.dtype("u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+}
+_NUMPY_TO_V2 = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32"}
+
+Name = Annotated[str, PathParam(min_length=1, max_length=200)]
+
+
+def v2_error(exc: InfaasError) -> JSONResponse:
+    """The protocol's error body: ``error`` is a message; infaas's code and fields ride along."""
+    body = {**exc.to_body(), "error": f"{exc.code}: {exc.message}", "detail": exc.message}
+    return JSONResponse(body, status_code=status_for(exc))
+
+
+def _dataplane(request: Request) -> DataPlane:
+    dataplane: DataPlane | None = getattr(request.app.state, "dataplane", None)
+    if dataplane is None:
+        raise Unavailable("the service is starting; retry")
+    return dataplane
+
+
+async def _model(request: Request, name: str, version: str | None) -> ModelRef:
+    ref = await _dataplane(request).model(name, time.monotonic())
+    if version is None:
+        return ref
+    if ref.architecture is None or "@" in name or not version.isdigit():
+        raise NotFound(f"model {name!r} has no version {version!r}", model=name, version=version)
+    return await _dataplane(request).model(f"{name}@{version}", time.monotonic())
+
+
+def _tensor(name: str, task: Task, rows: int | None, *, output: bool) -> dict[str, Any]:
+    shape = [task.num_classes] if output else list(task.input_spec.shape)
+    dtype = "FP32" if output else _NUMPY_TO_V2.get(task.input_spec.dtype, "FP32")
+    return {"name": name, "datatype": dtype, "shape": [-1 if rows is None else rows, *shape]}
+
+
+# ---- server -----------------------------------------------------------------------------------
+@router.get("/v2")
+async def server_metadata() -> dict[str, Any]:
+    return {"name": "infaas", "version": "0.1.0", "extensions": ["binary_tensor_data", "parameters"]}
+
+
+@router.get("/v2/health/live")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/v2/health/ready")
+async def ready(request: Request) -> Response:
+    checks = getattr(request.app.state, "readiness_checks", {})
+    ok = all(check() is True for check in checks.values()) and hasattr(request.app.state, "dataplane")
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+# ---- models -----------------------------------------------------------------------------------
+async def _metadata(request: Request, name: str, version: str | None) -> Response:
+    try:
+        await authenticate(request)
+        ref = await _model(request, name, version)
+    except InfaasError as exc:
+        return v2_error(exc)
+    snap = _dataplane(request).router.snapshot
+    if ref.architecture is None:
+        versions = ["1"]
+    else:
+        arch = snap.resolve(ref.architecture)
+        versions = (
+            [str(arch.version)]
+            if arch is not None and "@" in ref.architecture
+            else [
+                str(a.version)
+                for a in snap.architectures.values()
+                if arch is not None and a.line == arch.line
+            ]
+        )
+    return JSONResponse(
+        {
+            "name": name,
+            "versions": versions,
+            "platform": "infaas",
+            "inputs": [_tensor(INPUT_NAME, ref.task, None, output=False)],
+            "outputs": [_tensor(OUTPUT_NAME, ref.task, None, output=True)],
+            "parameters": {"task": ref.task.name, "architecture": ref.architecture},
+        }
+    )
+
+
+@router.get("/v2/models/{name}")
+async def model_metadata(name: Name, request: Request) -> Response:
+    return await _metadata(request, name, None)
+
+
+@router.get("/v2/models/{name}/versions/{version}")
+async def version_metadata(name: Name, version: Name, request: Request) -> Response:
+    return await _metadata(request, name, version)
+
+
+async def _ready(request: Request, name: str, version: str | None) -> Response:
+    try:
+        await authenticate(request)
+        ref = await _model(request, name, version)
+    except InfaasError as exc:
+        return v2_error(exc)
+    snap = _dataplane(request).router.snapshot
+    if ref.architecture is None:
+        table = snap.by_task.get(ref.task.name)
+    else:
+        arch = snap.resolve(ref.architecture)
+        table = snap.by_architecture.get(arch.name) if arch is not None else None
+    ok = table is not None and len(table.variants) > 0
+    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 400)
+
+
+@router.get("/v2/models/{name}/ready")
+async def model_ready(name: Name, request: Request) -> Response:
+    return await _ready(request, name, None)
+
+
+@router.get("/v2/models/{name}/versions/{version}/ready")
+async def version_ready(name: Name, version: Name, request: Request) -> Response:
+    return await _ready(request, name, version)
+
+
+# ---- inference --------------------------------------------------------------------------------
+def _split_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON header and the binary tail of a request (the tail is empty without the extension)."""
+    if header_length is None:
+        head, tail = raw, b""
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise InvalidInput(f"{HEADER_LENGTH} is not an integer: {header_length!r}") from None
+        if not 0 <= length <= len(raw):
+            raise InvalidInput(f"{HEADER_LENGTH} {length} is outside the body's {len(raw)} bytes")
+        head, tail = raw[:length], raw[length:]
+    try:
+        body = json.loads(head)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the inference request is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the inference request must be a JSON object")
+    return body, tail
+
+
+def _input_array(body: dict[str, Any], tail: bytes, task: Task) -> np.ndarray:
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidInput(
+            f"send exactly one input tensor ({INPUT_NAME!r}, shape [rows, {task.input_spec.row_size}])"
+        )
+    tensor = inputs[0]
+    datatype = tensor.get("datatype")
+    dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        raise InvalidInput(
+            f"datatype {datatype!r} is not supported here: send one of {sorted(DATATYPES)}",
+            datatype=str(datatype),
+        )
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InvalidInput(f"shape must be a list of non-negative integers; got {shape!r}")
+    count = math.prod(shape)
+    params = tensor.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("an input's parameters must be an object")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size != len(tail) or size != count * dtype.itemsize:
+            raise InvalidInput(
+                f"binary_data_size {size!r} does not match the binary data ({len(tail)} bytes) or "
+                f"shape {shape} × {datatype} ({count * dtype.itemsize} bytes)"
+            )
+        flat = np.frombuffer(tail, dtype=dtype)
+    else:
+        data = tensor.get("data")
+        if not isinstance(data, list):
+            raise InvalidInput("an input needs 'data' (or binary data with parameters.binary_data_size)")
+        try:
+            flat = np.asarray(data, dtype=dtype).reshape(-1)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"the input's data is not {datatype} numbers: {exc}") from None
+    if flat.size != count:
+        raise InvalidInput(f"the input holds {flat.size} values, shape {shape} needs {count}")
+    if len(shape) < 2:
+        raise InvalidInput(f"shape {shape} has no batch dimension: send [rows, ...]")
+    rows = np.asarray(flat, dtype=np.float64 if dtype.kind != "f" else dtype).reshape(shape)
+    return rows.reshape(shape[0], -1) if rows.shape[1:] != task.input_spec.shape else rows
+
+
+def _targets(params: dict[str, Any]) -> SLO | None:
+    if "latency_ms" not in params:
+        if "min_accuracy" in params or "max_cost_usd_per_1k" in params:
+            raise InvalidInput("parameters.latency_ms is needed with min_accuracy / max_cost_usd_per_1k")
+        return None
+    try:
+        return SLO(
+            latency_ms=params["latency_ms"],
+            min_accuracy=params.get("min_accuracy", 0.0),
+            max_cost_usd_per_1k=params.get("max_cost_usd_per_1k"),
+        )
+    except ValueError as exc:
+        raise InvalidInput(f"invalid targets in parameters: {exc}") from None
+
+
+def _wants_binary(body: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the output goes as binary data, and its name (the request may name only ours)."""
+    params = body.get("parameters") or {}
+    binary = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    outputs = body.get("outputs")
+    if outputs is None:
+        return binary, OUTPUT_NAME
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise InvalidInput("outputs must be a list of objects")
+    for out in outputs:
+        if out.get("name") != OUTPUT_NAME:
+            raise InvalidInput(f"unknown output {out.get('name')!r}: the output is {OUTPUT_NAME!r}")
+        out_params = out.get("parameters") or {}
+        if isinstance(out_params, dict) and "binary_data" in out_params:
+            binary = bool(out_params["binary_data"])
+    return binary, OUTPUT_NAME
+
+
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    received_s: float = request.scope.get("state", {}).get("received_s") or time.monotonic()
+    try:
+        principal = await authenticate(request)
+        dataplane = _dataplane(request)
+    except InfaasError as exc:
+        return v2_error(exc)
+    try:
+        ref = await _model(request, name, version)
+        body, tail = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+        params = body.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInput("parameters must be an object")
+        rows = _input_array(body, tail, ref.task)
+        binary, output_name = _wants_binary(body)
+        pinned = params.get("variant")
+        if pinned is not None and not isinstance(pinned, str):
+            raise InvalidInput("parameters.variant must be a variant name")
+        slo = _targets(params)
+    except InfaasError as exc:
+        dataplane.record_failure(principal, name, exc, received_s)  # a bad request: not charged
+        return v2_error(exc)
+    try:
+        answer = await dataplane.infer(
+            principal,
+            InferenceRequest(
+                task=ref.task.name,
+                inputs=rows,
+                received_s=received_s,
+                slo=slo,
+                architecture=ref.architecture,
+                variant=pinned,
+            ),
+        )
+    except InfaasError as exc:  # metered by the data plane
+        return v2_error(exc)
+    outputs = answer.outputs.astype(np.float32, copy=False)
+    out: dict[str, Any] = {"name": output_name, "datatype": "FP32", "shape": list(outputs.shape)}
+    payload = b""
+    if binary:
+        payload = outputs.tobytes()
+        out["parameters"] = {"binary_data_size": len(payload)}
+    else:
+        out["data"] = outputs.reshape(-1).tolist()
+    arch = dataplane.router.snapshot.architectures.get(answer.architecture)
+    reply: dict[str, Any] = {
+        "model_name": name,
+        "model_version": str(arch.version if arch is not None else 1),
+        "outputs": [out],
+        "parameters": {
+            "variant": answer.variant,
+            "architecture": answer.architecture,
+            "accuracy": answer.accuracy,
+            "predicted_latency_ms": round(answer.predicted_latency_ms, 4),
+            "latency_ms": round(answer.latency_ms, 4),
+            "cost_usd": pusd_to_usd(answer.cost_pusd),
+            "cost_pusd": answer.cost_pusd,
+            "slo_met": answer.slo_met,
+            "batch_rows": answer.batch_rows,
+        },
+    }
+    if "id" in body:
+        reply["id"] = body["id"]
+    head = json.dumps(reply, separators=(",", ":")).encode()
+    if not binary:
+        return Response(head, media_type="application/json")
+    return Response(
+        head + payload,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+@router.post("/v2/models/{name}/infer")
+async def infer(name: Name, request: Request) -> Response:
+    return await _infer(request, name, None)
+
+
+@router.post("/v2/models/{name}/versions/{version}/infer")
+async def infer_version(name: Name, version: Name, request: Request) -> Response:
+    return await _infer(request, name, version)

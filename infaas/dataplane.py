@@ -1,0 +1,290 @@
+"""The data plane: one query, whatever protocol carried it (MLServer's `DataPlane` is the model).
+
+`DataPlane.infer` takes who asks and what (a task, or a model name; rows; targets, or none) and
+returns the answer, owning every step between: the task and its input checks, the tenant's default
+targets when the request carries none, routing, batching under the deadline, the charge, the SLO
+verdict, what the router learns, metering, and the durability of the charge before the answer
+leaves. `/v1/query`, the KServe V2 and TensorFlow Serving protocols and offline jobs are adapters:
+they parse their wire format into an `InferenceRequest` and render the `Answer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from infaas.errors import (
+    ArchitectureNotFound,
+    DeadlineExceeded,
+    InfaasError,
+    InvalidInput,
+    Overloaded,
+    TaskNotFound,
+    Unavailable,
+)
+from infaas.metering import Meter, cost_share_pusd
+from infaas.router import Router
+from infaas.settings import Settings
+from infaas.store import MetadataStore
+from infaas.types import SLO, Principal, Task
+from infaas.workers.base import Batcher
+
+__all__ = ["Answer", "DataPlane", "InferenceRequest", "ModelRef", "parse_inputs"]
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    task: str
+    inputs: Sequence[Any] | np.ndarray  # rows of the task's input shape, or flattened rows
+    received_s: float  # monotonic: when the request reached the service (the deadline counts from it)
+    slo: SLO | None = None  # None: the tenant's default targets for the task
+    architecture: str | None = None
+    variant: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    task: str
+    outputs: np.ndarray
+    variant: str
+    architecture: str
+    accuracy: float
+    predicted_latency_ms: float
+    latency_ms: float
+    cost_pusd: int
+    slo_met: bool
+    batch_rows: int
+    reason: str
+    load_hint: str | None
+    slo: SLO
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a protocol's model name designates: a task (model-less), or an architecture or a
+    version of one (``net``, ``net@2``, ``net@canary``) and its task."""
+
+    task: Task
+    architecture: str | None
+
+
+def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
+    """Rows as an array of the task's input shape and dtype, or `InvalidInput` saying what is
+    wrong. Rows may also come flattened (one list of ``prod(shape)`` numbers each)."""
+    spec = task.input_spec
+    if len(inputs) == 0:
+        raise InvalidInput("inputs is empty: send at least one row", expected_shape=list(spec.shape))
+    try:
+        arr = np.asarray(inputs)
+        # Strings and booleans are not numbers, though a float64 array would take "1" as 1.0.
+        if arr.dtype.kind in "USb":
+            raise TypeError(f"found {'booleans' if arr.dtype.kind == 'b' else 'strings'}, send JSON numbers")
+        # Object arrays: integers past int64 or nulls among the numbers; float64 takes the first
+        # and turns the second into NaN, refused below.
+        if arr.dtype != np.dtype(spec.dtype):
+            arr = np.asarray(arr, dtype=np.float64)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(
+            f"inputs must be rows of numbers of shape {list(spec.shape)} (ragged or non-numeric: {exc})",
+            expected_shape=list(spec.shape),
+        ) from None
+    rows = arr.shape[0]
+    if arr.shape[1:] != spec.shape:
+        if arr.ndim == 2 and arr.shape[1] == spec.row_size:
+            arr = arr.reshape((rows, *spec.shape))
+        else:
+            raise InvalidInput(
+                f"each row must have shape {list(spec.shape)} (or {spec.row_size} numbers flattened); "
+                f"got rows of shape {list(arr.shape[1:])}",
+                expected_shape=list(spec.shape),
+                got_shape=list(arr.shape[1:]),
+            )
+    # One pass for both checks: the largest magnitude is NaN or infinite exactly when some input is.
+    peak = float(np.abs(arr).max())
+    if not math.isfinite(peak):
+        bad = int(np.argwhere(~np.isfinite(arr.reshape(rows, -1)))[0][0])
+        raise InvalidInput(f"inputs hold NaN or infinity (first in row {bad})", row=bad)
+    dtype = np.dtype(spec.dtype)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        if not (np.all(arr == np.round(arr)) and arr.min() >= info.min and arr.max() <= info.max):
+            raise InvalidInput(f"inputs must be integers in [{info.min}, {info.max}] ({spec.dtype})")
+    elif np.issubdtype(dtype, np.floating):
+        limit = float(np.finfo(dtype).max)
+        if peak > limit:
+            raise InvalidInput(f"inputs overflow {spec.dtype} (|x| > {limit:g})")
+    return arr.astype(dtype, copy=False)
+
+
+def _counted(exc: Exception) -> Literal["refused", "failed"] | None:
+    """How a failed query counts in usage: refused as overloaded, failed on the service's side,
+    or neither (a bad request says nothing about the service)."""
+    if isinstance(exc, Overloaded):
+        return "refused"
+    if not isinstance(exc, InfaasError) or type(exc) is InfaasError:
+        return "failed"
+    return "failed" if isinstance(exc, (Unavailable, DeadlineExceeded)) else None
+
+
+class DataPlane:
+    """See the module docstring. Default targets are read from the store at most once per
+    `targets_ttl_s` per tenant and task (in a thread: the loop never waits on the store)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: MetadataStore,
+        router: Router,
+        batcher: Batcher,
+        meter: Meter,
+        targets_ttl_s: float = 5.0,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self.router = router
+        self._batcher = batcher
+        self._meter = meter
+        self._targets_ttl_s = targets_ttl_s
+        self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
+
+    # ---- names ----------------------------------------------------------------------------
+    async def model(self, name: str, now_s: float) -> ModelRef:
+        """Resolve a protocol's model name: a task first, else an architecture (or version)."""
+        snap = self.router.snapshot
+        if name in snap.tasks:
+            return ModelRef(snap.tasks[name], None)
+        arch = snap.resolve(name)
+        if arch is None:
+            try:  # maybe registered since the snapshot: the router re-reads the store once
+                return ModelRef(await self.router.task_async(name, now_s), None)
+            except TaskNotFound:
+                arch = self.router.snapshot.resolve(name)
+        if arch is None:
+            raise ArchitectureNotFound(
+                f"no task or architecture {name!r}; GET /v1/tasks and GET /v1/models list them", model=name
+            )
+        return ModelRef(self.router.snapshot.tasks[arch.task], name)
+
+    # ---- targets --------------------------------------------------------------------------
+    async def default_targets(self, tenant: str, task: str, now_s: float) -> SLO:
+        """The tenant's stored default targets for `task`, else the service's."""
+        cached = self._targets.get((tenant, task))
+        if cached is not None and now_s < cached[1]:
+            return cached[0]
+        stored = await asyncio.to_thread(self._store.get_targets, tenant, task)
+        slo = (
+            stored.slo
+            if stored is not None
+            else SLO(latency_ms=self._settings.default_latency_ms, min_accuracy=0.0)
+        )
+        self._targets[(tenant, task)] = (slo, now_s + self._targets_ttl_s)
+        return slo
+
+    def forget_targets(self, tenant: str, task: str) -> None:
+        """Called when this front end changes them: the next query reads them again."""
+        self._targets.pop((tenant, task), None)
+
+    # ---- the query ------------------------------------------------------------------------
+    def record_failure(
+        self,
+        principal: Principal,
+        task: str,
+        exc: Exception,
+        received_s: float,
+        *,
+        rows: int = 0,
+        variant: str = "",
+        slo: SLO | None = None,
+    ) -> None:
+        """Meter a query that got no answer (adapters call it for requests they could not parse)."""
+        self._meter.record_failure(
+            tenant=principal.name,
+            task=task,
+            # A refusal names the variant it would have used.
+            variant=variant or (str(exc.fields.get("variant", "")) if isinstance(exc, InfaasError) else ""),
+            rows=rows,
+            latency_ms=(time.monotonic() - received_s) * 1000.0,
+            error=exc.code if isinstance(exc, InfaasError) else "internal_error",
+            now_s=time.time(),
+            counted=_counted(exc),
+            slo=slo,
+        )
+
+    async def infer(self, principal: Principal, req: InferenceRequest) -> Answer:
+        """Answer one query, or raise the error its protocol reports (metered either way)."""
+        received_s = req.received_s
+        meter = self._meter
+        variant_name, rows, slo = "", 0, req.slo
+        try:
+            task = await self.router.task_async(req.task, received_s)
+            inputs = parse_inputs(req.inputs, task)
+            rows = int(inputs.shape[0])
+            if slo is None:
+                slo = await self.default_targets(principal.name, task.name, received_s)
+            routed_s = time.monotonic()
+            routed = await self.router.route_async(
+                task.name,
+                rows,
+                slo,
+                routed_s,
+                architecture=req.architecture,
+                variant=req.variant,
+                elapsed_ms=(routed_s - received_s) * 1000.0,
+            )
+            variant_name = routed.variant.name
+            result = await self._batcher.submit(
+                routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0
+            )
+            cost_pusd = cost_share_pusd(routed.profile, result.batch_rows, rows)
+            latency_ms = (time.monotonic() - received_s) * 1000.0
+        except Exception as exc:
+            self.record_failure(
+                principal, req.task, exc, received_s, rows=rows, variant=variant_name, slo=slo
+            )
+            raise
+        decision = routed.decision
+        cost_per_1k = routed.profile.cost_usd_per_1k(result.batch_rows)
+        slo_met = (
+            latency_ms <= slo.latency_ms
+            and decision.accuracy >= slo.min_accuracy
+            and (slo.max_cost_usd_per_1k is None or cost_per_1k <= slo.max_cost_usd_per_1k)
+        )
+        # The router learns the whole path's overhead, receipt to reply, the time before routing
+        # included: that is what the latency target is judged on.
+        self.router.observe(routed, latency_ms, time.monotonic())
+        meter.record_answer(
+            tenant=principal.name,
+            task=task.name,
+            variant=variant_name,
+            rows=rows,
+            batch_rows=result.batch_rows,
+            cost_pusd=cost_pusd,
+            latency_ms=latency_ms,
+            slo_met=slo_met,
+            now_s=time.time(),
+            slo=slo,
+        )
+        # The charge is on disk (the usage journal) before the answer leaves: a crash after this
+        # point cannot lose it.
+        await meter.durable()
+        return Answer(
+            task=task.name,
+            outputs=result.outputs,
+            variant=variant_name,
+            architecture=decision.architecture,
+            accuracy=decision.accuracy,
+            predicted_latency_ms=decision.predicted_latency_ms,
+            latency_ms=latency_ms,
+            cost_pusd=cost_pusd,
+            slo_met=slo_met,
+            batch_rows=result.batch_rows,
+            reason=decision.reason,
+            load_hint=decision.load_hint,
+            slo=slo,
+        )
