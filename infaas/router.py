@@ -670,9 +670,13 @@ class Router:
     def _probe(self, variant: str, now_s: float) -> bool:
         """Admit one refused query per `PROBE_INTERVAL_S` and path anyway: refusals add no
         answers, and without answers the overhead estimate that refuses them could not learn
-        that the cause (a burst, a pause) is gone."""
+        that the cause (a burst, a pause) is gone. Not while the variant has work queued or
+        running: its answers are on their way and will teach the estimate, and a probe would only
+        wait behind them, late (under a 30× overload, probes were most answers, at ~1.5 s)."""
         tracker = self.overheads.get(self._pool.overhead_key(self._snapshot.variants[variant][0]))
         if tracker is None or now_s - tracker.last_s < PROBE_INTERVAL_S:
+            return False
+        if self._batcher.queue_depths().get(variant) or self._batcher.in_flight().get(variant):
             return False
         tracker.last_s = now_s
         return True

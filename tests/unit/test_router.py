@@ -270,18 +270,23 @@ def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429(
         with pytest.raises(Overloaded, match="busy") as busy:
             router.route("t", 1, slo, now_s=2.0)
         assert busy.value.fields["retry_after_s"] > 0.01
-        # once answers have been measured, one refused query per interval goes through as a probe,
-        # so an estimate that refuses everything can still learn its cause is gone
+        # no probe while work is queued or running: its answers will teach the estimate
         router.overheads["onnxruntime"] = OverheadTracker(min_samples=1, refresh_every=1, prior_ms=0.0)
-        router.overheads["onnxruntime"].observe(0.0, now_s=2.0)
+        router.overheads["onnxruntime"].observe(100.0, now_s=2.0)  # answers 100 ms late
+        with pytest.raises(Overloaded):
+            router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S)
+        pool.release(2)
+        await asyncio.gather(*waiting)
+        # idle, but refused on the estimate: one refused query per interval goes through as a
+        # probe, so an estimate that refuses everything can still learn its cause is gone
+        with pytest.raises(Overloaded):
+            router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S / 2)
         assert router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S).variant.name == variant.name
         with pytest.raises(Overloaded):
             router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S)
         # impossible even idle: 422, not 429
         with pytest.raises(NoFeasibleVariant):
             router.route("t", 1, SLO(latency_ms=1), now_s=2.0)
-        pool.release(2)
-        await asyncio.gather(*waiting)
         await router.close()
         await batcher.close()
 

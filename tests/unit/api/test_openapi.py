@@ -100,6 +100,8 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
         "DELETE /v1/models/{architecture}",
         "DELETE /v1/models/{architecture}/versions/{version}",
         "POST /v1/admin/tasks/{task}/owners",
+        "PUT /v1/targets/{task}",
+        "GET /v1/targets",
     }
     for label, operation in _operations(document):
         responses = operation["responses"]

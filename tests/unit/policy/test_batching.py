@@ -56,6 +56,16 @@ def test_partial_batch_waits_while_one_runs_until_the_tightest_deadline_needs_it
     assert (at_deadline.send_requests, at_deadline.send_rows, at_deadline.reason) == (2, 3, "deadline")
 
 
+def test_a_batch_stops_where_one_more_request_would_miss_its_deadline() -> None:
+    slow = linear(1.0, 5.0)  # 5 ms a row: 32 rows take 161 ms, 64 take 321 ms
+    queue = [Req(32, 0.250), Req(32, 0.260), Req(32, 0.270)]
+    d = decide(queue, slow, BatchParams(max_batch=128, max_in_flight=2), in_flight=1, now_s=0.0)
+    assert (d.send_requests, d.send_rows, d.reason) == (1, 32, "full")  # not 96 rows, all late
+    roomy = [Req(32, 1.0), Req(32, 1.0)]
+    d = decide(roomy, slow, BatchParams(max_batch=128, max_in_flight=2), in_flight=0, now_s=0.0)
+    assert (d.send_requests, d.send_rows) == (2, 64)
+
+
 def test_oversized_request_goes_alone() -> None:
     d = decide([Req(20, 1.0), Req(1, 1.0)], LAT, BatchParams(max_batch=8), in_flight=0, now_s=0.0)
     assert (d.send_requests, d.send_rows, d.reason) == (1, 20, "full")
@@ -102,7 +112,12 @@ def test_decision_properties(
         assert d.send_rows == sum(r.rows for r in queue[: d.send_requests])
         assert d.send_rows <= max_batch or d.send_requests == 1
         if d.send_requests < len(queue):
-            assert d.send_rows + queue[d.send_requests].rows > max_batch  # as full as FIFO allows
+            # as full as FIFO allows: one more request would overflow the batch, or make it miss
+            # the tightest deadline in it
+            more = queue[: d.send_requests + 1]
+            rows = d.send_rows + queue[d.send_requests].rows
+            late = now_s + lat(rows) / 1000 > min(r.deadline_s for r in more)
+            assert rows > max_batch or late
     else:
         # waiting only with something running, a partial batch, and a wake-up before the deadline
         assert in_flight > 0 and total < max_batch
