@@ -379,6 +379,101 @@ def delete(
     )
 
 
+job_app = typer.Typer(no_args_is_help=True, help="Offline batch jobs: a file of rows in, outputs out.")
+app.add_typer(job_app, name="job")
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    eta = "" if job["eta_s"] is None else f", ~{job['eta_s']:.0f} s left"
+    return (
+        f"job {job['id']}: {job['state']}, {job['rows_done']}/{job['rows']} rows, "
+        f"${job['cost_usd']:.6g} so far{eta}" + (f" ({job['error']})" if job["error"] else "")
+    )
+
+
+def _watch(url: str | None, key: str | None, job: dict[str, Any]) -> dict[str, Any]:
+    """Follow a job with a progress bar until it ends."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    job_id = job["id"]
+    columns = (
+        TextColumn("job {task.fields[id]}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} rows"),
+    )
+    with Progress(*columns, TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("job", total=job["rows"], id=job_id)
+        while job["state"] in ("queued", "running"):
+            time.sleep(0.5)
+            job = _lifecycle(url, key, lambda c: c.job(job_id))
+            bar.update(task, completed=job["rows_done"])
+    return job
+
+
+@job_app.command("submit")
+def job_submit(
+    path: Annotated[Path, typer.Argument(help="Rows: .npy, .npz, .csv or .jsonl.")],
+    task: str | None = typer.Option(
+        None, "--task", help="Model-less: the cheapest variant meeting the targets."
+    ),
+    architecture: str | None = typer.Option(None, "--architecture", help="Or an architecture (or version)."),
+    min_accuracy: float = typer.Option(0.0, "--min-accuracy"),
+    max_cost: float | None = typer.Option(None, "--max-cost-usd-per-1k"),
+    wait: bool = typer.Option(False, "--wait", help="Follow it with a progress bar until it ends."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Queue an offline job; it runs below online queries, on the cheapest variant meeting them."""
+    job = _lifecycle(
+        url,
+        key,
+        lambda c: c.submit_job(
+            str(path),
+            task=task,
+            architecture=architecture,
+            min_accuracy=min_accuracy,
+            max_cost_usd_per_1k=max_cost,
+        ),
+    )
+    console.print(_job_line(_watch(url, key, job) if wait else job))
+
+
+@job_app.command("status")
+def job_status(
+    job_id: str = typer.Argument(..., help="The job's id."),
+    watch: bool = typer.Option(False, "--watch", help="Follow it with a progress bar until it ends."),
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """A job's state, rows done, ETA and cost so far."""
+    job = _lifecycle(url, key, lambda c: c.job(job_id))
+    console.print(_job_line(_watch(url, key, job) if watch else job))
+
+
+@job_app.command("fetch")
+def job_fetch(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the outputs (.npy or .jsonl).")],
+    url: str | None = _URL,
+    key: str | None = _KEY,
+) -> None:
+    """Write a finished job's outputs, in input order."""
+    fmt = "jsonl" if out.suffix == ".jsonl" else "npy"
+    data = _lifecycle(url, key, lambda c: {"data": c.job_result(job_id, fmt)})["data"]
+    out.write_bytes(data)
+    console.print(f"wrote {out} ({len(data):,} bytes)")
+
+
+@job_app.command("cancel")
+def job_cancel(
+    job_id: str = typer.Argument(..., help="The job's id."), url: str | None = _URL, key: str | None = _KEY
+) -> None:
+    """Cancel a job: no chunk starts after this; what ran is charged."""
+    console.print(_job_line(_lifecycle(url, key, lambda c: c.cancel_job(job_id))))
+
+
 zoo_app = typer.Typer(no_args_is_help=True, help="The built-in model zoo (trained here, no downloads).")
 app.add_typer(zoo_app, name="zoo")
 

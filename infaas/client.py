@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import numpy as np
@@ -153,6 +153,48 @@ class Client:
         result: list[dict[str, Any]] = self._request("GET", "/v1/targets")
         return result
 
+    # ---- offline jobs ----------------------------------------------------------------------
+    def submit_job(
+        self,
+        path: str,
+        *,
+        task: str | None = None,
+        architecture: str | None = None,
+        min_accuracy: float = 0.0,
+        max_cost_usd_per_1k: float | None = None,
+    ) -> dict[str, Any]:
+        """Queue the rows in `path` (.npy, .npz, .csv, .jsonl) as an offline job."""
+        form: dict[str, str] = {"min_accuracy": str(min_accuracy)}
+        if task is not None:
+            form["task"] = task
+        if architecture is not None:
+            form["architecture"] = architecture
+        if max_cost_usd_per_1k is not None:
+            form["max_cost_usd_per_1k"] = str(max_cost_usd_per_1k)
+        with open(path, "rb") as fh:
+            files = {"rows": (path.rsplit("/", 1)[-1], fh.read())}
+        result: dict[str, Any] = self._request("POST", "/v1/jobs", files=files, data=form)
+        return result
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """A job's state, rows done, ETA and cost so far."""
+        result: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}")
+        return result
+
+    def job_result(self, job_id: str, fmt: str = "npy") -> bytes:
+        """A finished job's outputs as the bytes of an .npy file or of JSON lines."""
+        try:
+            response = self._http.get(f"/v1/jobs/{job_id}/result", params={"format": fmt})
+        except httpx.HTTPError as exc:
+            raise errors.Unavailable(f"cannot reach infaas at {self.url}: {exc}") from exc
+        if response.is_success:
+            return response.content
+        self._raise(response, f"/v1/jobs/{job_id}/result")
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("DELETE", f"/v1/jobs/{job_id}")
+        return result
+
     # ---- the version lifecycle (owner or admin keys; `versions` with any key) ----------------
     def versions(self, architecture: str) -> dict[str, Any]:
         """The architecture's versions, labels and the canary share observed."""
@@ -198,11 +240,18 @@ class Client:
             body = None
         if response.is_success and body is not None:
             return body
+        self._raise(response, path)
+
+    def _raise(self, response: httpx.Response, path: str) -> NoReturn:
+        """Raise the error an unsuccessful response carries, as its class in the error tree."""
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
         if isinstance(body, dict) and "error" in body:
             fields = {k: v for k, v in body.items() if k not in ("error", "detail")}
             cls = _BY_CODE.get(str(body["error"]), errors.InfaasError)
-            err = cls(str(body.get("detail", "")), status=response.status_code, **fields)
-            raise err
+            raise cls(str(body.get("detail", "")), status=response.status_code, **fields)
         raise errors.InfaasError(
             f"HTTP {response.status_code} from {self.url}{path}: {response.text[:200]}",
             status=response.status_code,

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
         description="The latency target of a request that carries no targets (KServe V2, TF Serving "
         "REST) from a tenant that stored no default targets for its task.",
     )
+    job_chunk_rows: int = Field(
+        default=8192,
+        ge=1,
+        description="Rows per chunk of an offline job: its unit of progress, charging and resuming.",
+    )
     promote_accuracy_tolerance: float = Field(
         default=0.01,
         ge=0.0,

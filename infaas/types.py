@@ -32,6 +32,8 @@ __all__ = [
     "FleetEvent",
     "Hardware",
     "InputSpec",
+    "Job",
+    "JobState",
     "Labels",
     "LatencyPoint",
     "MachineInfo",
@@ -351,6 +353,35 @@ class Tenant(_Value):
     role: Role = "tenant"
     created_at_s: float = 0.0
     revoked: bool = False
+
+
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+
+
+class Job(_Value):
+    """An offline batch job's record (`infaas.jobs`): rows in chunks, progress, what it cost."""
+
+    id: str
+    tenant: str
+    task: str
+    architecture: str | None = None
+    min_accuracy: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_cost_usd_per_1k: float | None = Field(default=None, ge=0.0)
+    rows: int = Field(ge=1)
+    chunk_rows: int = Field(ge=1)
+    chunks: int = Field(ge=1)
+    chunks_done: int = 0
+    state: JobState = "queued"
+    cost_pusd: int = 0
+    created_at_s: float
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+    error: str | None = None
+    variants: tuple[str, ...] = ()  # the variants its chunks ran on
+
+    @property
+    def rows_done(self) -> int:
+        return min(self.rows, self.chunks_done * self.chunk_rows)
 
 
 class Principal(_Value):

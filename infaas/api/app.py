@@ -23,6 +23,7 @@ from infaas.api.routes import (
     dashboard,
     fleet,
     health,
+    jobs,
     kserve,
     metrics,
     query,
@@ -36,6 +37,7 @@ from infaas.api.routes import versions as version_routes
 from infaas.autoscaler import Autoscaler, DemandWindow
 from infaas.batching import AsyncBatcher
 from infaas.dataplane import DataPlane
+from infaas.jobs import JobRunner
 from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
 from infaas.metrics import Metrics
@@ -182,6 +184,8 @@ def create_app(
         app.state.placement = placement
         app.state.autoscaler = autoscaler
         app.state.dataplane = DataPlane(settings, the_store, the_router, batcher, meter)
+        app.state.jobs = job_runner = JobRunner(settings, the_store, the_router, placement, batcher)
+        job_runner.start()  # resumes the jobs a stop left queued or running
         app.state.versions = versions = Versions(
             settings, the_store, app.state.registry, the_router, placement, batcher, app.state.route_log.add
         )
@@ -204,6 +208,7 @@ def create_app(
             if recording is not None:
                 await recording.close()
                 recorder.flush()
+            await job_runner.close()
             await versions.close()
             await autoscaler.close()
             await the_router.close()
@@ -267,7 +272,20 @@ def create_app(
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
     app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
-    for module in (health, tenants, usage, targets, fleet, metrics, dashboard, query, version_routes, kserve):
+    modules = (
+        health,
+        tenants,
+        usage,
+        targets,
+        fleet,
+        metrics,
+        dashboard,
+        query,
+        version_routes,
+        kserve,
+        jobs,
+    )
+    for module in modules:
         app.include_router(module.router)
     # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
     # a worker process of its own before registration returns, so a new model is servable at once.

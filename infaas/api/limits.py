@@ -12,8 +12,11 @@ from infaas.errors import PayloadTooLarge
 __all__ = ["BodyLimit"]
 
 
+_UPLOADS = frozenset({"/v1/models", "/v1/jobs"})
+
+
 class BodyLimit:
-    """Pure ASGI middleware: uploads (``/v1/models``) get one limit, everything else another."""
+    """Pure ASGI middleware: uploads (a model, a job's rows) get one limit, everything else another."""
 
     def __init__(self, app: ASGIApp, max_request_bytes: int, max_upload_bytes: int) -> None:
         self.app = app
@@ -24,7 +27,7 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        limit = self.max_upload if scope["path"].rstrip("/") == "/v1/models" else self.max_request
+        limit = self.max_upload if scope["path"].rstrip("/") in _UPLOADS else self.max_request
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(send, limit)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from infaas.errors import Conflict, TenantNotFound
 from infaas.types import (
     Architecture,
+    Job,
     Labels,
     Profile,
     SkippedVariant,
@@ -37,7 +38,7 @@ UsageMark = tuple[str, int]
 """(source, seq): which usage journal a batch of counters comes from, and the last entry it holds."""
 
 # Document kinds: one namespace each.
-TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS = (
+TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS, JOB = (
     "task",
     "arch",
     "variant",
@@ -48,6 +49,7 @@ TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS 
     "tenant_key",
     "labels",
     "targets",
+    "job",
 )
 
 
@@ -87,6 +89,10 @@ class MetadataStore(Protocol):
     def get_targets(self, tenant: str, task: str) -> Targets | None: ...
     def list_targets(self, tenant: str) -> list[Targets]: ...
     def put_targets(self, targets: Targets) -> None: ...
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def list_jobs(self) -> list[Job]: ...
+    def put_job(self, job: Job) -> None: ...
 
     def get_variant(self, name: str) -> Variant | None: ...
     def list_variants(self, architecture: str | None = None) -> list[Variant]: ...
@@ -226,6 +232,15 @@ class DocumentStore(abc.ABC):
 
     def put_targets(self, targets: Targets) -> None:
         self.put_docs([(TARGETS, f"{targets.tenant}/{targets.task}", targets.model_dump_json())])
+
+    def get_job(self, job_id: str) -> Job | None:
+        return self._get(Job, JOB, job_id)
+
+    def list_jobs(self) -> list[Job]:
+        return self._list(Job, JOB)
+
+    def put_job(self, job: Job) -> None:
+        self.put_docs([(JOB, job.id, job.model_dump_json())])
 
     def get_variant(self, name: str) -> Variant | None:
         return self._get(Variant, VARIANT, name)

@@ -102,6 +102,10 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
         "POST /v1/admin/tasks/{task}/owners",
         "PUT /v1/targets/{task}",
         "GET /v1/targets",
+        "POST /v1/jobs",
+        "GET /v1/jobs/{job_id}",
+        "GET /v1/jobs/{job_id}/result",
+        "DELETE /v1/jobs/{job_id}",
     }
     for label, operation in _operations(document):
         responses = operation["responses"]

@@ -1,0 +1,309 @@
+"""Offline batch jobs: a file of rows in, a file of outputs out, at the lowest cost, below online
+queries in priority, charged exactly once even across restarts.
+
+A job is split into chunks of `INFAAS_JOB_CHUNK_ROWS` rows (8 192). Each chunk runs on the
+cheapest variant that meets the job's accuracy (and cost) targets, in batches of that variant's
+largest batch, sent straight to the worker pool one at a time, and only while the variant has no
+online query waiting: online traffic keeps its batcher, its replicas' time and its p99. A chunk is
+finished in three steps, in this order, each safe to repeat:
+
+1. its outputs and its cost go to ``jobs/<id>/chunk-<n>.npz`` (written aside, then renamed);
+2. its usage goes to the store with the mark ``("job:<id>", n + 1)``: the store adds a marked
+   batch at most once, so a chunk replayed after a crash is never charged twice;
+3. the job's record moves to ``chunks_done = n + 1`` with the chunk's cost added.
+
+After a restart, the runner resumes every job that was queued or running from its record: a chunk
+whose file exists is not run again, its (already counted) usage is offered again and refused by the
+mark, and the record catches up. Usage shows under the job's tenant with the task
+``offline:<task>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from infaas.dataplane import parse_inputs
+from infaas.errors import Conflict, InvalidInput, NoFeasibleVariant, NotFound
+from infaas.metering import cost_share_pusd
+from infaas.policy.selection import Infeasible, LiveState
+from infaas.router import Router
+from infaas.settings import Settings
+from infaas.store import MetadataStore
+from infaas.types import (
+    COUNTER_COST_PUSD,
+    COUNTER_QUERIES,
+    COUNTER_ROWS,
+    COUNTER_SLO_MET,
+    SLO,
+    Job,
+    Principal,
+    Task,
+    UsageDelta,
+    UsageKey,
+)
+from infaas.workers.base import Batcher, WorkerPool
+
+__all__ = ["MAX_ROWS", "JobRunner", "read_rows"]
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 10_000_000
+_OFFLINE_LATENCY_MS = 3_600_000.0  # no latency target: any variant is fast enough for a file
+
+
+def read_rows(data: bytes, filename: str) -> np.ndarray:
+    """Rows from an uploaded file: ``.npy``, ``.npz`` (its first array, or ``x``), ``.csv``
+    (numbers, one row per line) or ``.jsonl`` (one JSON list per line). Never unpickles."""
+    suffix = Path(filename).suffix.lower()
+    try:
+        if suffix == ".npy":
+            return np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
+        if suffix == ".npz":
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                if not npz.files:
+                    raise InvalidInput("the .npz holds no array")
+                return np.asarray(npz["x" if "x" in npz.files else npz.files[0]])
+        if suffix == ".csv":
+            return np.loadtxt(io.StringIO(data.decode()), delimiter=",", dtype=np.float64, ndmin=2)
+        if suffix == ".jsonl":
+            lines = [line for line in data.decode().splitlines() if line.strip()]
+            return np.asarray([json.loads(line) for line in lines], dtype=np.float64)
+    except InvalidInput:
+        raise
+    except (ValueError, TypeError, UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
+        raise InvalidInput(f"cannot read the rows from {filename!r}: {str(exc)[:300]}") from None
+    raise InvalidInput(f"rows must come as .npy, .npz, .csv or .jsonl; got {filename!r}", filename=filename)
+
+
+class JobRunner:
+    """Stores, runs, resumes and cancels jobs (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: MetadataStore,
+        router: Router,
+        pool: WorkerPool,
+        batcher: Batcher,
+        *,
+        idle_wait_s: float = 0.005,
+    ) -> None:
+        self._root = settings.data_dir / "jobs"
+        self._chunk_rows = settings.job_chunk_rows
+        self._store = store
+        self._router = router
+        self._pool = pool
+        self._batcher = batcher
+        self._idle_wait_s = idle_wait_s
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._cancelled: set[str] = set()
+
+    # ---- the store ------------------------------------------------------------------------
+    def _get(self, job_id: str) -> Job | None:
+        return self._store.get_job(job_id)
+
+    def _put(self, job: Job) -> None:
+        self._store.put_job(job)
+
+    def _all(self) -> list[Job]:
+        return self._store.list_jobs()
+
+    def get(self, job_id: str, principal: Principal) -> Job:
+        """The job, for its tenant or the admin; 404 for anyone else (blocking: the store)."""
+        job = self._get(job_id)
+        if job is None or (principal.role != "admin" and job.tenant != principal.name):
+            raise NotFound(f"no job {job_id!r}", job=job_id)
+        return job
+
+    def _dir(self, job_id: str) -> Path:
+        return self._root / job_id
+
+    # ---- the API's operations (blocking: call them in a thread) -----------------------------
+    def submit(
+        self,
+        principal: Principal,
+        task: Task,
+        rows: np.ndarray,
+        *,
+        architecture: str | None,
+        min_accuracy: float,
+        max_cost_usd_per_1k: float | None,
+    ) -> Job:
+        arr = parse_inputs(rows, task)
+        if len(arr) > MAX_ROWS:
+            raise InvalidInput(f"{len(arr)} rows is over the {MAX_ROWS} a job takes", rows=len(arr))
+        job = Job(
+            id=uuid.uuid4().hex[:16],
+            tenant=principal.name,
+            task=task.name,
+            architecture=architecture,
+            min_accuracy=min_accuracy,
+            max_cost_usd_per_1k=max_cost_usd_per_1k,
+            rows=len(arr),
+            chunk_rows=self._chunk_rows,
+            chunks=math.ceil(len(arr) / self._chunk_rows),
+            created_at_s=time.time(),
+        )
+        folder = self._dir(job.id)
+        folder.mkdir(parents=True)
+        np.save(folder / "input.npy", arr, allow_pickle=False)
+        self._put(job)
+        self._wake.set()
+        return job
+
+    def cancel(self, job_id: str, principal: Principal) -> Job:
+        job = self.get(job_id, principal)
+        if job.state in ("done", "failed", "cancelled"):
+            raise Conflict(f"job {job_id} is already {job.state}", job=job_id, state=job.state)
+        self._cancelled.add(job_id)
+        job = job.model_copy(update={"state": "cancelled", "finished_at_s": time.time()})
+        self._put(job)
+        return job
+
+    def result(self, job_id: str, principal: Principal) -> np.ndarray:
+        job = self.get(job_id, principal)
+        if job.state != "done":
+            raise Conflict(f"job {job_id} is {job.state}: its result is ready once done", state=job.state)
+        folder = self._dir(job_id)
+        parts = []
+        for n in range(job.chunks):
+            with np.load(folder / f"chunk-{n:06d}.npz", allow_pickle=False) as chunk:
+                parts.append(chunk["outputs"])
+        return np.concatenate(parts)
+
+    @staticmethod
+    def eta_s(job: Job, now_s: float) -> float | None:
+        if job.state != "running" or job.started_at_s is None or job.chunks_done == 0:
+            return None
+        per_chunk = (now_s - job.started_at_s) / job.chunks_done
+        return per_chunk * (job.chunks - job.chunks_done)
+
+    # ---- running ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="job-runner")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            pending = [j for j in await asyncio.to_thread(self._all) if j.state in ("queued", "running")]
+            for job in sorted(pending, key=lambda j: j.created_at_s):
+                try:
+                    await self._run(job)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.exception("job %s failed", job.id)
+                    latest = await asyncio.to_thread(self._get, job.id)
+                    if latest is not None and latest.state == "running":
+                        failed = latest.model_copy(
+                            update={"state": "failed", "error": str(exc)[:500], "finished_at_s": time.time()}
+                        )
+                        await asyncio.to_thread(self._put, failed)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+
+    async def _run(self, job: Job) -> None:
+        if job.state == "queued":
+            job = job.model_copy(update={"state": "running", "started_at_s": time.time()})
+            await asyncio.to_thread(self._put, job)
+        rows = await asyncio.to_thread(np.load, self._dir(job.id) / "input.npy", None, False)
+        for n in range(job.chunks_done, job.chunks):
+            if job.id in self._cancelled:
+                return
+            job = await self._chunk(job, n, rows[n * job.chunk_rows : (n + 1) * job.chunk_rows])
+        done = job.model_copy(update={"state": "done", "finished_at_s": time.time()})
+        await asyncio.to_thread(self._put, done)
+
+    def _pick(self, job: Job, rows: int) -> str:
+        """The cheapest variant meeting the job's accuracy and cost targets (no latency target)."""
+        snap = self._router.snapshot
+        if job.architecture is not None:
+            arch = snap.resolve(job.architecture)
+            table = snap.by_architecture.get(arch.name) if arch is not None else None
+        else:
+            table = snap.by_task.get(job.task)
+        if table is None:
+            raise NotFound(f"job {job.id}: its task or architecture is gone", job=job.id)
+        slo = SLO(
+            latency_ms=_OFFLINE_LATENCY_MS,
+            min_accuracy=job.min_accuracy,
+            max_cost_usd_per_1k=job.max_cost_usd_per_1k,
+        )
+        choice = table.select(min(rows, 1), slo, LiveState(loaded=frozenset()))
+        if isinstance(choice, Infeasible):
+            raise NoFeasibleVariant(f"job {job.id}: {choice.reason}", job=job.id)
+        return choice.variant
+
+    async def _chunk(self, job: Job, n: int, rows: np.ndarray) -> Job:
+        path = self._dir(job.id) / f"chunk-{n:06d}.npz"
+        if path.exists():  # run before a restart: reuse, never recompute (its cost is in it)
+            with np.load(path, allow_pickle=False) as saved:
+                cost_pusd, variant = int(saved["cost_pusd"]), str(saved["variant"])
+        else:
+            variant = self._pick(job, len(rows))
+            cost_pusd, outputs = await self._compute(variant, rows)
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, outputs=outputs, cost_pusd=np.int64(cost_pusd), variant=np.str_(variant))
+            os.replace(tmp, path)
+        delta = UsageDelta(
+            key=UsageKey(
+                tenant=job.tenant, task=f"offline:{job.task}", variant=variant, minute=int(time.time() // 60)
+            ),
+            counters={
+                COUNTER_QUERIES: 1,
+                COUNTER_ROWS: len(rows),
+                COUNTER_COST_PUSD: cost_pusd,
+                COUNTER_SLO_MET: 1,
+            },
+        )
+        counted = await asyncio.to_thread(self._store.add_usage, [delta], (f"job:{job.id}", n + 1))
+        latest = await asyncio.to_thread(self._get, job.id)
+        if latest is None or latest.state == "cancelled":
+            self._cancelled.add(job.id)
+            return job
+        if latest.chunks_done > n:  # the record already holds this chunk
+            return latest
+        variants = latest.variants if variant in latest.variants else (*latest.variants, variant)
+        job = latest.model_copy(
+            update={"chunks_done": n + 1, "cost_pusd": latest.cost_pusd + cost_pusd, "variants": variants}
+        )
+        await asyncio.to_thread(self._put, job)
+        if not counted:
+            log.info("job %s chunk %d: usage was already counted before a restart", job.id, n)
+        return job
+
+    async def _compute(self, name: str, rows: np.ndarray) -> tuple[int, np.ndarray]:
+        """Run `rows` on `name` in batches of its largest size, one at a time and only while no
+        online query waits for the variant (the online batcher's queue)."""
+        entry = self._router.snapshot.variants[name]
+        variant, profile = entry
+        assert profile is not None
+        step = variant.spec.max_batch
+        await self._batcher.warm(variant, profile)  # loaded where online batches of it would run
+        outputs = []
+        cost = 0
+        for start in range(0, len(rows), step):
+            while self._batcher.queue_depths().get(name):
+                await asyncio.sleep(self._idle_wait_s)  # online first
+            batch = rows[start : start + step]
+            outputs.append(await self._pool.run(variant, batch))
+            cost += cost_share_pusd(profile, len(batch), len(batch))
+        return cost, np.concatenate(outputs).astype(np.float32, copy=False)
