@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infaas import errors as e
 
-__all__ = ["HTTP_STATUS", "RETRY_AFTER_S", "install_error_handlers", "status_for"]
+__all__ = ["HTTP_STATUS", "RETRY_AFTER_S", "install_error_handlers", "protocol_error", "status_for"]
 
 HTTP_STATUS: dict[type[e.InfaasError], int] = {
     e.InfaasError: 500,
@@ -47,14 +47,21 @@ def status_for(exc: e.InfaasError) -> int:
     return 500
 
 
-def _error_response(exc: e.InfaasError) -> JSONResponse:
+def protocol_error(exc: e.InfaasError) -> JSONResponse:
+    """The error as the KServe V2 and TensorFlow Serving protocols carry it: ``error`` is a
+    message; infaas's ``detail`` and fields ride along; status and headers as everywhere."""
+    body = {**exc.to_body(), "error": f"{exc.code}: {exc.message}", "detail": exc.message}
+    return _error_response(exc, body)
+
+
+def _error_response(exc: e.InfaasError, body: dict[str, Any] | None = None) -> JSONResponse:
     status = status_for(exc)
     headers: dict[str, str] = {}
     if isinstance(exc, e.Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"
     if status in (429, 503):
         headers["Retry-After"] = str(max(1, math.ceil(exc.fields.get("retry_after_s", RETRY_AFTER_S))))
-    return JSONResponse(exc.to_body(), status_code=status, headers=headers or None)
+    return JSONResponse(exc.to_body() if body is None else body, status_code=status, headers=headers or None)
 
 
 def _validation_detail(errors: Any) -> str:

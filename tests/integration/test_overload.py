@@ -20,7 +20,10 @@ from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-RATE_PER_S = 700.0
+RATE_PER_S = 400.0
+"""~3× what is admitted here (140-190 queries/s of 8 rows within 50 ms). It was 700 on a faster
+machine; on this AVX2 EPYC 700/s saturated the front end itself and stalls sank the admitted
+answers' SLO to 45-59 % with any admission policy."""
 SECONDS = 8.0
 LATENCY_MS = 50.0
 
@@ -58,7 +61,8 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
     answered = result.answered()
     in_slo = sum(1 for b in answered if b["slo_met"])
     # The issue asks 99 %. Measured here (2 cores shared by the load generator, the front end,
-    # Ray and the TensorFlow worker): 84-99.3 % over 20 runs. The late answers come in clusters
+    # Ray and the TensorFlow worker): 84-99.3 % over 20 runs on an AVX-512 Xeon; 92.8-96.8 % on an
+    # AVX2 EPYC at 400/s, with batches capped at their tightest deadline. The late answers come in clusters
     # of 20-60, each a stall of 40-100 ms of the whole machine that no prediction sees; the bound
     # catches admission control failing (the queue growing until deadlines pass: 73-74 % in SLO
     # before it refused on an idle fleet's overhead), not this machine's noise.

@@ -23,7 +23,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
 from infaas.api.auth import authenticate
-from infaas.api.errors import status_for
+from infaas.api.errors import protocol_error
 from infaas.dataplane import DataPlane, InferenceRequest, ModelRef
 from infaas.errors import InfaasError, InvalidInput, NotFound, Unavailable
 from infaas.types import SLO, Task, pusd_to_usd
@@ -52,12 +52,6 @@ DATATYPES: dict[str, np.dtype[Any]] = {
 _NUMPY_TO_V2 = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32"}
 
 Name = Annotated[str, PathParam(min_length=1, max_length=200)]
-
-
-def v2_error(exc: InfaasError) -> JSONResponse:
-    """The protocol's error body: ``error`` is a message; infaas's code and fields ride along."""
-    body = {**exc.to_body(), "error": f"{exc.code}: {exc.message}", "detail": exc.message}
-    return JSONResponse(body, status_code=status_for(exc))
 
 
 def _dataplane(request: Request) -> DataPlane:
@@ -106,7 +100,7 @@ async def _metadata(request: Request, name: str, version: str | None) -> Respons
         await authenticate(request)
         ref = await _model(request, name, version)
     except InfaasError as exc:
-        return v2_error(exc)
+        return protocol_error(exc)
     snap = _dataplane(request).router.snapshot
     if ref.architecture is None:
         versions = ["1"]
@@ -148,7 +142,7 @@ async def _ready(request: Request, name: str, version: str | None) -> Response:
         await authenticate(request)
         ref = await _model(request, name, version)
     except InfaasError as exc:
-        return v2_error(exc)
+        return protocol_error(exc)
     snap = _dataplane(request).router.snapshot
     if ref.architecture is None:
         table = snap.by_task.get(ref.task.name)
@@ -275,7 +269,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         principal = await authenticate(request)
         dataplane = _dataplane(request)
     except InfaasError as exc:
-        return v2_error(exc)
+        return protocol_error(exc)
     try:
         ref = await _model(request, name, version)
         body, tail = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
@@ -290,7 +284,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         slo = _targets(params)
     except InfaasError as exc:
         dataplane.record_failure(principal, name, exc, received_s)  # a bad request: not charged
-        return v2_error(exc)
+        return protocol_error(exc)
     try:
         answer = await dataplane.infer(
             principal,
@@ -304,7 +298,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
             ),
         )
     except InfaasError as exc:  # metered by the data plane
-        return v2_error(exc)
+        return protocol_error(exc)
     outputs = answer.outputs.astype(np.float32, copy=False)
     out: dict[str, Any] = {"name": output_name, "datatype": "FP32", "shape": list(outputs.shape)}
     payload = b""

@@ -24,25 +24,23 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
 from infaas.api.auth import authenticate
-from infaas.api.errors import status_for
+from infaas.api.errors import protocol_error
+from infaas.api.openapi import KEY_REQUIRED, TENANT_KEY, error_responses
 from infaas.dataplane import DataPlane, InferenceRequest, ModelRef
 from infaas.errors import InfaasError, InvalidInput, NotFound, Unavailable
 from infaas.types import Task
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["tensorflow-serving"], include_in_schema=False)
+router = APIRouter(tags=["tensorflow-serving"])
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
 Name = Annotated[str, PathParam(min_length=1, max_length=200)]
+_READ = error_responses(InvalidInput, NotFound, *TENANT_KEY)
+"""The status and metadata GETs are in infaas's OpenAPI document (they share paths with infaas's
+own routes, whose other methods are documented there); the verbs (``:predict``) are not."""
 _DTYPES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "int64": "DT_INT64", "int32": "DT_INT32"}
-
-
-def tf_error(exc: InfaasError) -> JSONResponse:
-    """TF Serving's error body (``error``: a message), with infaas's code and fields beside it."""
-    body = {**exc.to_body(), "error": f"{exc.code}: {exc.message}", "detail": exc.message}
-    return JSONResponse(body, status_code=status_for(exc))
 
 
 def _dataplane(request: Request) -> DataPlane:
@@ -110,7 +108,7 @@ async def _run(request: Request, name: str, version: str | None, label: str | No
         principal = await authenticate(request)
         dataplane = _dataplane(request)
     except InfaasError as exc:
-        return tf_error(exc)
+        return protocol_error(exc)
     try:
         if verb not in ("predict", "classify"):
             raise NotFound(f"unknown method :{verb}; infaas serves :predict and :classify", method=verb)
@@ -127,7 +125,7 @@ async def _run(request: Request, name: str, version: str | None, label: str | No
         rows, columnar = _instances(body) if verb == "predict" else (_examples(body), False)
     except InfaasError as exc:
         dataplane.record_failure(principal, name, exc, received_s)  # a bad request: not charged
-        return tf_error(exc)
+        return protocol_error(exc)
     try:
         answer = await dataplane.infer(
             principal,
@@ -136,7 +134,7 @@ async def _run(request: Request, name: str, version: str | None, label: str | No
             ),
         )
     except InfaasError as exc:  # metered by the data plane
-        return tf_error(exc)
+        return protocol_error(exc)
     probs = answer.outputs.tolist()
     if verb == "classify":
         reply: dict[str, Any] = {"results": [[[str(c), p] for c, p in enumerate(row)] for row in probs]}
@@ -145,38 +143,45 @@ async def _run(request: Request, name: str, version: str | None, label: str | No
     return Response(json.dumps(reply, separators=(",", ":")), media_type="application/json")
 
 
-def _verb(tail: str) -> tuple[str, str]:
+def _verb(tail: str) -> tuple[str, str] | None:
+    """(name, verb) of ``name:verb``; None without a verb (the path itself takes no POST)."""
     name, sep, verb = tail.rpartition(":")
-    if not sep:
-        raise NotFound(f"no method in {tail!r}: POST …/{tail}:predict or :classify")
-    return name, verb
+    return (name, verb) if sep else None
 
 
-@router.post("/v1/models/{target}")
+def _no_post(tail: str) -> JSONResponse:
+    return JSONResponse(
+        {
+            "error": "method_not_allowed",
+            "detail": f"POST needs a method: …/{tail}:predict or …/{tail}:classify",
+        },
+        status_code=405,
+        headers={"Allow": "GET, DELETE"},
+    )
+
+
+@router.post("/v1/models/{target}", include_in_schema=False)
 async def call(target: Name, request: Request) -> Response:
-    try:
-        name, verb = _verb(target)
-    except InfaasError as exc:
-        return tf_error(exc)
-    return await _run(request, name, None, None, verb)
+    parsed = _verb(target)
+    if parsed is None:
+        return _no_post(target)
+    return await _run(request, parsed[0], None, None, parsed[1])
 
 
-@router.post("/v1/models/{name}/versions/{target}")
+@router.post("/v1/models/{name}/versions/{target}", include_in_schema=False)
 async def call_version(name: Name, target: Name, request: Request) -> Response:
-    try:
-        version, verb = _verb(target)
-    except InfaasError as exc:
-        return tf_error(exc)
-    return await _run(request, name, version, None, verb)
+    parsed = _verb(target)
+    if parsed is None:
+        return _no_post(target)
+    return await _run(request, name, parsed[0], None, parsed[1])
 
 
-@router.post("/v1/models/{name}/labels/{target}")
+@router.post("/v1/models/{name}/labels/{target}", include_in_schema=False)
 async def call_label(name: Name, target: Name, request: Request) -> Response:
-    try:
-        label, verb = _verb(target)
-    except InfaasError as exc:
-        return tf_error(exc)
-    return await _run(request, name, None, label, verb)
+    parsed = _verb(target)
+    if parsed is None:
+        return _no_post(target)
+    return await _run(request, name, None, parsed[0], parsed[1])
 
 
 # ---- status and metadata ----------------------------------------------------------------------
@@ -194,7 +199,7 @@ async def _status(request: Request, name: str, version: str | None) -> Response:
         await authenticate(request)
         ref = await _resolve(request, name, version, None)
     except InfaasError as exc:
-        return tf_error(exc)
+        return protocol_error(exc)
     snap = _dataplane(request).router.snapshot
     if ref.architecture is None:
         states = {1: "serving"}
@@ -223,14 +228,18 @@ async def _status(request: Request, name: str, version: str | None) -> Response:
     return JSONResponse(doc)
 
 
-@router.get("/v1/models/{name}")
-async def model_status(name: Name, request: Request) -> Response:
-    return await _status(request, name, None)
+# `{architecture}`, not `{name}`: the same paths as infaas's own DELETEs, so one entry in the
+# OpenAPI document lists every method a path takes. (It may name a task too.)
+@router.get("/v1/models/{architecture}", dependencies=KEY_REQUIRED, responses=_READ)
+async def model_status(architecture: Name, request: Request) -> Response:
+    """TensorFlow Serving's `model_version_status` of an architecture's versions (or a task's)."""
+    return await _status(request, architecture, None)
 
 
-@router.get("/v1/models/{name}/versions/{version}")
-async def version_status(name: Name, version: Name, request: Request) -> Response:
-    return await _status(request, name, version)
+@router.get("/v1/models/{architecture}/versions/{version}", dependencies=KEY_REQUIRED, responses=_READ)
+async def version_status(architecture: Name, version: Name, request: Request) -> Response:
+    """TensorFlow Serving's `model_version_status` of one version."""
+    return await _status(request, architecture, version)
 
 
 def _tensor_info(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
@@ -258,7 +267,7 @@ async def _metadata(request: Request, name: str, version: str | None) -> Respons
         await authenticate(request)
         ref = await _resolve(request, name, version, None)
     except InfaasError as exc:
-        return tf_error(exc)
+        return protocol_error(exc)
     arch = _dataplane(request).router.snapshot.resolve(ref.architecture) if ref.architecture else None
     return JSONResponse(
         {
@@ -268,11 +277,15 @@ async def _metadata(request: Request, name: str, version: str | None) -> Respons
     )
 
 
-@router.get("/v1/models/{name}/metadata")
-async def model_metadata(name: Name, request: Request) -> Response:
-    return await _metadata(request, name, None)
+@router.get("/v1/models/{architecture}/metadata", dependencies=KEY_REQUIRED, responses=_READ)
+async def model_metadata(architecture: Name, request: Request) -> Response:
+    """TensorFlow Serving's metadata: the `serving_default` signature."""
+    return await _metadata(request, architecture, None)
 
 
-@router.get("/v1/models/{name}/versions/{version}/metadata")
-async def version_metadata(name: Name, version: Name, request: Request) -> Response:
-    return await _metadata(request, name, version)
+@router.get(
+    "/v1/models/{architecture}/versions/{version}/metadata", dependencies=KEY_REQUIRED, responses=_READ
+)
+async def version_metadata(architecture: Name, version: Name, request: Request) -> Response:
+    """TensorFlow Serving's metadata of one version."""
+    return await _metadata(request, architecture, version)

@@ -106,6 +106,10 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
         "GET /v1/jobs/{job_id}",
         "GET /v1/jobs/{job_id}/result",
         "DELETE /v1/jobs/{job_id}",
+        "GET /v1/models/{architecture}",
+        "GET /v1/models/{architecture}/versions/{version}",
+        "GET /v1/models/{architecture}/metadata",
+        "GET /v1/models/{architecture}/versions/{version}/metadata",
     }
     for label, operation in _operations(document):
         responses = operation["responses"]
