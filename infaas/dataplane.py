@@ -32,10 +32,10 @@ from infaas.metering import Meter, cost_share_pusd
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import SLO, Principal, Task
+from infaas.types import SLO, Principal, Task, pusd_to_usd
 from infaas.workers.base import Batcher
 
-__all__ = ["Answer", "DataPlane", "InferenceRequest", "ModelRef", "parse_inputs"]
+__all__ = ["Answer", "DataPlane", "InferenceRequest", "ModelRef", "dataplane_of", "parse_inputs"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,22 @@ class Answer:
     reason: str
     load_hint: str | None
     slo: SLO
+
+    def decision(self) -> dict[str, Any]:
+        """What infaas decided and measured, as every protocol reports it beside the outputs."""
+        return {
+            "variant": self.variant,
+            "architecture": self.architecture,
+            "accuracy": self.accuracy,
+            "predicted_latency_ms": round(self.predicted_latency_ms, 4),
+            "latency_ms": round(self.latency_ms, 4),
+            "cost_usd": pusd_to_usd(self.cost_pusd),
+            "cost_pusd": self.cost_pusd,
+            "slo_met": self.slo_met,
+            "batch_rows": self.batch_rows,
+            "reason": self.reason,
+            "load_hint": self.load_hint,
+        }
 
 
 @dataclass(frozen=True)
@@ -288,3 +304,11 @@ class DataPlane:
             load_hint=decision.load_hint,
             slo=slo,
         )
+
+
+def dataplane_of(state: Any) -> DataPlane:
+    """The app's data plane (`app.state`), or `Unavailable` while the service starts."""
+    dataplane: DataPlane | None = getattr(state, "dataplane", None)
+    if dataplane is None:
+        raise Unavailable("the service is starting; retry")
+    return dataplane

@@ -24,9 +24,9 @@ from fastapi.responses import JSONResponse
 
 from infaas.api.auth import authenticate
 from infaas.api.errors import protocol_error
-from infaas.dataplane import DataPlane, InferenceRequest, ModelRef
-from infaas.errors import InfaasError, InvalidInput, NotFound, Unavailable
-from infaas.types import SLO, Task, pusd_to_usd
+from infaas.dataplane import DataPlane, InferenceRequest, ModelRef, dataplane_of
+from infaas.errors import InfaasError, InvalidInput, NotFound
+from infaas.types import SLO, Task
 
 __all__ = ["DATATYPES", "router"]
 
@@ -55,10 +55,7 @@ Name = Annotated[str, PathParam(min_length=1, max_length=200)]
 
 
 def _dataplane(request: Request) -> DataPlane:
-    dataplane: DataPlane | None = getattr(request.app.state, "dataplane", None)
-    if dataplane is None:
-        raise Unavailable("the service is starting; retry")
-    return dataplane
+    return dataplane_of(request.app.state)
 
 
 async def _model(request: Request, name: str, version: str | None) -> ModelRef:
@@ -312,17 +309,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         "model_name": name,
         "model_version": str(arch.version if arch is not None else 1),
         "outputs": [out],
-        "parameters": {
-            "variant": answer.variant,
-            "architecture": answer.architecture,
-            "accuracy": answer.accuracy,
-            "predicted_latency_ms": round(answer.predicted_latency_ms, 4),
-            "latency_ms": round(answer.latency_ms, 4),
-            "cost_usd": pusd_to_usd(answer.cost_pusd),
-            "cost_pusd": answer.cost_pusd,
-            "slo_met": answer.slo_met,
-            "batch_rows": answer.batch_rows,
-        },
+        "parameters": answer.decision(),
     }
     if "id" in body:
         reply["id"] = body["id"]

@@ -22,7 +22,7 @@ from infaas.api.openapi import QUERY_ROUTE
 from infaas.api.schemas import QueryRequest, QueryResponse
 from infaas.dataplane import DataPlane, InferenceRequest
 from infaas.errors import InvalidInput
-from infaas.types import SLO, pusd_to_usd
+from infaas.types import SLO
 
 __all__ = ["ReceiptStamp", "route", "router"]
 
@@ -98,20 +98,7 @@ async def query(request: Request) -> Response:
             variant=req.variant,
         ),
     )
-    body = {
-        "outputs": answer.outputs.tolist(),
-        "variant": answer.variant,
-        "architecture": answer.architecture,
-        "accuracy": answer.accuracy,
-        "predicted_latency_ms": round(answer.predicted_latency_ms, 4),
-        "latency_ms": round(answer.latency_ms, 4),
-        "cost_usd": pusd_to_usd(answer.cost_pusd),
-        "cost_pusd": answer.cost_pusd,
-        "slo_met": answer.slo_met,
-        "batch_rows": answer.batch_rows,
-        "reason": answer.reason,
-        "load_hint": answer.load_hint,
-    }
+    body = {"outputs": answer.outputs.tolist(), **answer.decision()}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 

@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse
 from infaas.api.auth import authenticate
 from infaas.api.errors import protocol_error
 from infaas.api.openapi import KEY_REQUIRED, TENANT_KEY, error_responses
-from infaas.dataplane import DataPlane, InferenceRequest, ModelRef
-from infaas.errors import InfaasError, InvalidInput, NotFound, Unavailable
+from infaas.dataplane import DataPlane, InferenceRequest, ModelRef, dataplane_of
+from infaas.errors import InfaasError, InvalidInput, NotFound
 from infaas.types import Task
 
 __all__ = ["router"]
@@ -44,10 +44,7 @@ _DTYPES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "int64": "DT_INT64", "
 
 
 def _dataplane(request: Request) -> DataPlane:
-    dataplane: DataPlane | None = getattr(request.app.state, "dataplane", None)
-    if dataplane is None:
-        raise Unavailable("the service is starting; retry")
-    return dataplane
+    return dataplane_of(request.app.state)
 
 
 async def _resolve(request: Request, name: str, version: str | None, label: str | None) -> ModelRef:
