@@ -20,6 +20,7 @@ flooding the workers with small ones.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -106,7 +107,7 @@ def _head(
     rows: list[int] = []
     tightest: list[float] = []
     acc, low = 0, float("inf")
-    for item in queue[:take_n]:
+    for item in itertools.islice(queue, take_n):  # a deque in the batcher: no slicing
         acc += item.rows
         if now_s <= item.deadline_s < low:
             low = item.deadline_s

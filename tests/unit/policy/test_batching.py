@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import pytest
@@ -61,6 +62,9 @@ def test_a_batch_stops_where_one_more_request_would_miss_its_deadline() -> None:
     queue = [Req(32, 0.250), Req(32, 0.260), Req(32, 0.270)]
     d = decide(queue, slow, BatchParams(max_batch=128, max_in_flight=2), in_flight=1, now_s=0.0)
     assert (d.send_requests, d.send_rows, d.reason) == (1, 32, "full")  # not 96 rows, all late
+    # the batcher's queue is a deque: the shrinking path must not slice it
+    d = decide(deque(queue), slow, BatchParams(max_batch=128, max_in_flight=2), in_flight=1, now_s=0.0)
+    assert (d.send_requests, d.send_rows) == (1, 32)
     roomy = [Req(32, 1.0), Req(32, 1.0)]
     d = decide(roomy, slow, BatchParams(max_batch=128, max_in_flight=2), in_flight=0, now_s=0.0)
     assert (d.send_requests, d.send_rows) == (2, 64)
