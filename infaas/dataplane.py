@@ -24,6 +24,7 @@ from infaas.errors import (
     DeadlineExceeded,
     InfaasError,
     InvalidInput,
+    NotFound,
     Overloaded,
     TaskNotFound,
     Unavailable,
@@ -32,7 +33,7 @@ from infaas.metering import Meter, cost_share_pusd
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import SLO, Principal, Task, pusd_to_usd
+from infaas.types import SLO, Architecture, Principal, Task, pusd_to_usd
 from infaas.workers.base import Batcher
 
 __all__ = ["Answer", "DataPlane", "InferenceRequest", "ModelRef", "dataplane_of", "parse_inputs"]
@@ -87,13 +88,15 @@ class ModelRef:
     version of one (``net``, ``net@2``, ``net@canary``) and its task."""
 
     task: Task
-    architecture: str | None
+    architecture: str | None  # the pin as named: ``net`` keeps the canary split, ``net@2`` does not
+    version: Architecture | None  # the stored version it designates now
 
 
 def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
     """Rows as an array of the task's input shape and dtype, or `InvalidInput` saying what is
     wrong. Rows may also come flattened (one list of ``prod(shape)`` numbers each)."""
     spec = task.input_spec
+    dtype = np.dtype(spec.dtype)
     if len(inputs) == 0:
         raise InvalidInput("inputs is empty: send at least one row", expected_shape=list(spec.shape))
     try:
@@ -103,7 +106,7 @@ def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
             raise TypeError(f"found {'booleans' if arr.dtype.kind == 'b' else 'strings'}, send JSON numbers")
         # Object arrays: integers past int64 or nulls among the numbers; float64 takes the first
         # and turns the second into NaN, refused below.
-        if arr.dtype != np.dtype(spec.dtype):
+        if arr.dtype != dtype:
             arr = np.asarray(arr, dtype=np.float64)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(
@@ -126,7 +129,6 @@ def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
     if not math.isfinite(peak):
         bad = int(np.argwhere(~np.isfinite(arr.reshape(rows, -1)))[0][0])
         raise InvalidInput(f"inputs hold NaN or infinity (first in row {bad})", row=bad)
-    dtype = np.dtype(spec.dtype)
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
         if not (np.all(arr == np.round(arr)) and arr.min() >= info.min and arr.max() <= info.max):
@@ -170,22 +172,30 @@ class DataPlane:
         self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
 
     # ---- names ----------------------------------------------------------------------------
-    async def model(self, name: str, now_s: float) -> ModelRef:
-        """Resolve a protocol's model name: a task first, else an architecture (or version)."""
+    async def model(self, name: str, now_s: float, version: str | None = None) -> ModelRef:
+        """Resolve a protocol's model name: a task first, else an architecture (``net``, or a
+        version of it: ``net@2``, ``net@canary``, or `version` given apart, as the protocols'
+        ``/versions/{v}`` and ``/labels/{l}`` do)."""
+        if version is not None:
+            base = await self.model(name, now_s)
+            if base.architecture is None or "@" in name:
+                raise NotFound(f"model {name!r} has no version {version!r}", model=name, version=version)
+            name = f"{name}@{version}"
         snap = self.router.snapshot
         if name in snap.tasks:
-            return ModelRef(snap.tasks[name], None)
+            return ModelRef(snap.tasks[name], None, None)
         arch = snap.resolve(name)
         if arch is None:
             try:  # maybe registered since the snapshot: the router re-reads the store once
-                return ModelRef(await self.router.task_async(name, now_s), None)
+                return ModelRef(await self.router.task_async(name, now_s), None, None)
             except TaskNotFound:
-                arch = self.router.snapshot.resolve(name)
+                snap = self.router.snapshot
+                arch = snap.resolve(name)
         if arch is None:
             raise ArchitectureNotFound(
                 f"no task or architecture {name!r}; GET /v1/tasks and GET /v1/models list them", model=name
             )
-        return ModelRef(self.router.snapshot.tasks[arch.task], name)
+        return ModelRef(snap.tasks[arch.task], name, arch)
 
     # ---- targets --------------------------------------------------------------------------
     async def default_targets(self, tenant: str, task: str, now_s: float) -> SLO:

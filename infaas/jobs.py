@@ -232,14 +232,9 @@ class JobRunner:
         done = job.model_copy(update={"state": "done", "finished_at_s": time.time()})
         await asyncio.to_thread(self._put, done)
 
-    def _pick(self, job: Job, rows: int) -> str:
+    def _pick(self, job: Job) -> str:
         """The cheapest variant meeting the job's accuracy and cost targets (no latency target)."""
-        snap = self._router.snapshot
-        if job.architecture is not None:
-            arch = snap.resolve(job.architecture)
-            table = snap.by_architecture.get(arch.name) if arch is not None else None
-        else:
-            table = snap.by_task.get(job.task)
+        table = self._router.snapshot.table(job.task, job.architecture)
         if table is None:
             raise NotFound(f"job {job.id}: its task or architecture is gone", job=job.id)
         slo = SLO(
@@ -247,7 +242,8 @@ class JobRunner:
             min_accuracy=job.min_accuracy,
             max_cost_usd_per_1k=job.max_cost_usd_per_1k,
         )
-        choice = table.select(min(rows, 1), slo, LiveState(loaded=frozenset()))
+        # Priced per row at one row: the policy's own ranking (a cold fleet: load is no criterion).
+        choice = table.select(1, slo, LiveState(loaded=frozenset()))
         if isinstance(choice, Infeasible):
             raise NoFeasibleVariant(f"job {job.id}: {choice.reason}", job=job.id)
         return choice.variant
@@ -258,7 +254,7 @@ class JobRunner:
             with np.load(path, allow_pickle=False) as saved:
                 cost_pusd, variant = int(saved["cost_pusd"]), str(saved["variant"])
         else:
-            variant = self._pick(job, len(rows))
+            variant = self._pick(job)
             cost_pusd, outputs = await self._compute(variant, rows)
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, outputs=outputs, cost_pusd=np.int64(cost_pusd), variant=np.str_(variant))

@@ -204,17 +204,23 @@ class Snapshot:
     by_architecture: dict[str, VariantTable]  # per stored version
     excluded: dict[str, str] = field(default_factory=dict)  # variant → why its profile is not used
     labels: dict[str, Labels] = field(default_factory=dict)  # per architecture (every one has some)
+    serving: frozenset[str] = frozenset()  # stored names of the versions that take traffic
 
     @classmethod
     def empty(cls) -> Snapshot:
         return cls("", {}, {}, {}, {}, {})
 
-    @property
-    def serving(self) -> frozenset[str]:
-        """Stored names of the versions that take traffic (stable and canary)."""
-        return frozenset(
-            name for name, a in self.architectures.items() if a.version in self.labels[a.line].serving
-        )
+    def table(self, task: str, architecture: str | None = None) -> VariantTable | None:
+        """What serves a query: the task's stable versions, or one architecture's (`resolve`d)
+        version; None when the name designates nothing."""
+        if architecture is None:
+            return self.by_task.get(task)
+        arch = self.resolve(architecture)
+        return None if arch is None else self.by_architecture.get(arch.name)
+
+    def versions_of(self, line: str) -> dict[int, Architecture]:
+        """An architecture's stored versions, by number."""
+        return {a.version: a for a in self.architectures.values() if a.line == line}
 
     def resolve(self, name: str) -> Architecture | None:
         """The stored version a name designates: ``net`` (its stable), ``net@2``, ``net@stable``,
@@ -299,6 +305,7 @@ class Snapshot:
             by_architecture={name: VariantTable(entries) for name, entries in by_arch.items()},
             excluded=dict(excluded or {}),
             labels=all_labels,
+            serving=frozenset(n for n, a in archs.items() if a.version in all_labels[a.line].serving),
         )
 
 

@@ -117,7 +117,7 @@ class Versions:
         versions, labels = self._lookup(name)
         stored = {a.version: a for a in versions}
         info: list[VersionInfo] = []
-        for v in sorted(set(stored) | set(labels.states)):
+        for v, state in policy.version_states(labels, stored).items():
             arch = stored.get(v)
             variants = self._store.list_variants(arch.name) if arch is not None else []
             tags = tuple(t for t, n in (("stable", labels.stable), ("canary", labels.canary)) if n == v)
@@ -125,7 +125,7 @@ class Versions:
                 VersionInfo(
                     version=v,
                     name=version_name(name, v),
-                    state=labels.state(v) if arch is not None else labels.states.get(v, "failed"),
+                    state=state,
                     labels=tags,
                     accuracy=self._accuracy(arch.name) if arch is not None else None,
                     variants=len(variants),

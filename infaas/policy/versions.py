@@ -8,6 +8,7 @@ and warms before a switch, drains and unloads after it)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infaas.errors import Conflict, InvalidInput
@@ -21,6 +22,7 @@ __all__ = [
     "remove_version",
     "rollback",
     "set_canary",
+    "version_states",
 ]
 
 
@@ -151,6 +153,16 @@ def _unlabelled(labels: Labels, version: int | None) -> dict[int, VersionState]:
     if version is not None:
         states[version] = "ready"
     return states
+
+
+def version_states(labels: Labels, stored: Iterable[int]) -> dict[int, VersionState]:
+    """Every version's state, by number: the `stored` ones by their labels, plus those that never
+    became an architecture (still `loading`, or `failed` with the reason in `labels.errors`)."""
+    states = {v: labels.state(v) for v in stored}
+    for v, state in labels.states.items():
+        if v not in states and state in ("loading", "failed"):
+            states[v] = state
+    return dict(sorted(states.items()))
 
 
 def accuracy_guard(candidate: float, stable: float, tolerance: float) -> str | None:

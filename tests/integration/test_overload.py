@@ -63,11 +63,10 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
     # The issue asks 99 %. The late answers come in clusters of 20-60, each a stall of 40-100 ms
     # of the whole machine (2 cores shared by the load generator, the front end, Ray and the
     # TensorFlow worker) that no prediction sees. Measured: 84-99.3 % over 20 runs on an AVX-512
-    # Xeon; on an AVX2 EPYC at 400/s, with batches capped at their tightest deadline, 92.8-96.8 %
-    # alone but 53-66 % inside the full suite (the processes of the tests before it still winding
-    # down). The bound sits under what the full suite gets here, so it no longer tells a broken
-    # admission (73-74 % once: the queue growing until deadlines passed) from this machine's
-    # noise; the p99 printed below and the 504 count are the sharper signals.
+    # Xeon; on an AVX2 EPYC at 400/s, 92.8-98.2 % alone. (53-66 % inside the full suite was a bug,
+    # since fixed: the deadline-capped batch head sliced the batcher's deque, which stopped the
+    # variant's queue.) The bound is lower than those figures; the p99 printed below and the 504
+    # count are the sharper signals.
     actions = [(e["kind"], e["variant"], e["reason"]) for e in events if e["kind"] != "route"]
     p99 = float(np.percentile([b["latency_ms"] for b in answered], 99))
     print(f"\noverload: p99 {p99:.0f} ms, in SLO {in_slo}/{len(answered)}, {dict(statuses)}")

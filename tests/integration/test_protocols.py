@@ -5,6 +5,7 @@ tenant default targets apply where a protocol carries none."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from infaas.settings import Settings
 from tests.integration.conftest import Served, serve_process
+from tests.integration.load import OpenLoopLoad
 from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -211,3 +213,19 @@ def test_default_targets_apply_when_a_protocol_sends_none(served: Served, rows: 
         assert r.status_code == 200 and r.json()["parameters"]["accuracy"] >= 0.9, r.text
         assert http.put("/v1/targets/no-such-task", json={"latency_ms": 10}).status_code == 404
         assert http.put(f"/v1/targets/{TASK}", json={"latency_ms": -5}).status_code == 400
+
+
+def test_kserve_under_open_loop_load_answers_or_refuses_cleanly(served: Served, key: str) -> None:
+    """100 V2 requests/s that do not wait for answers: every one answered (or refused with 429,
+    never a 5xx or a hang), each answer a 1×10 tensor with its decision."""
+    tensor = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": TF_ROW}
+    body = {"inputs": [tensor], "parameters": {"latency_ms": 100}}
+    load = OpenLoopLoad(f"{served.url}/v2/models/{TASK}/infer", key, body, rate_per_s=100).start()
+    time.sleep(3.0)
+    result = load.stop()
+    statuses = result.statuses()
+    assert set(statuses) <= {200, 429} and statuses[200] > 0, statuses
+    answered = [o.body for o in result.outcomes if o.status == 200 and o.body]
+    assert all(b["outputs"][0]["shape"] == [1, 10] and "slo_met" in b["parameters"] for b in answered)
+    met = sum(1 for b in answered if b["parameters"]["slo_met"])
+    print(f"\nkserve at 100/s: {dict(statuses)}, {met}/{len(answered)} in SLO")

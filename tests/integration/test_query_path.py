@@ -189,7 +189,8 @@ def test_moderate_load_meets_the_slo_for_99_percent(
     server: Served, digits_rows: np.ndarray, warm: str
 ) -> None:
     """The prediction includes the path's measured overhead, so what the router promises holds:
-    of the answered queries, at least 99 % are within their latency target measured at the server.
+    of the queries routed, at least 99 % are answered within their latency target measured at the
+    server (a 504, the deadline passing in the queue, counts as a miss).
     (A target the measured overhead makes infeasible is refused with 422, not answered late.)"""
 
     seen: list[object] = []
@@ -206,6 +207,9 @@ def test_moderate_load_meets_the_slo_for_99_percent(
                 except NoFeasibleVariant as exc:
                     refused += 1
                     seen.append(exc.fields["alternatives"]["fastest_meeting_accuracy"])
+                except DeadlineExceeded as exc:  # dropped in the queue: a miss, answered 504
+                    met.append(False)
+                    seen.append(("504", exc.fields.get("waited_ms")))
         return met, refused
 
     with ThreadPoolExecutor(max_workers=4) as ex:

@@ -184,6 +184,28 @@ def test_promote_under_steady_load_has_no_error_and_holds_the_slo(served: Served
     assert not any(v.startswith("live/") for v in loaded), loaded
     assert any(v.startswith("live@2/") for v in loaded), loaded
 
+    # A rollback under the same load, to a version that is no longer loaded: it is loaded and
+    # warmed before the switch, so nobody waits on the load.
+    load = OpenLoopLoad(f"{served.url}/v1/query", owner, body, rate_per_s=40).start()
+    try:
+        time.sleep(2.0)
+        with served.client(owner) as http:
+            back_s = time.monotonic()
+            r = http.post("/v1/models/live/rollback", timeout=120)
+            back_done_s = time.monotonic()
+            assert r.status_code == 200 and r.json()["stable"] == 1, r.text
+        time.sleep(3.0)
+    finally:
+        result = load.stop()
+    around = [o for o in result.outcomes if o.sent_s >= back_s - 2.0]
+    latencies = [float(o.body["latency_ms"]) for o in around if o.status == 200 and o.body]
+    p99 = float(np.percentile(latencies, 99))
+    print(f"rollback under load ({back_done_s - back_s:.2f} s to reload and switch): p99 {p99:.1f} ms")
+    assert {o.status for o in around} == {200}, [o.body for o in around if o.status != 200][:3]
+    assert p99 <= slo_ms
+    after = [o.body["variant"] for o in result.outcomes if o.sent_s > back_done_s + 0.5 and o.status == 200]
+    assert after and all(v.startswith("live/") for v in after)
+
 
 def test_delete_makes_a_version_unroutable_removes_its_artifacts_and_keeps_usage(served: Served) -> None:
     owner = served.new_tenant("erin", role="owner")

@@ -19,7 +19,7 @@ from infaas.api.auth import AdminPrincipal
 from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
 from infaas.autoscaler import Autoscaler, FleetCost
 from infaas.errors import InvalidInput
-from infaas.policy.versions import CanarySplit
+from infaas.policy.versions import CanarySplit, version_states
 from infaas.routelog import RouteLog
 from infaas.router import Router, Snapshot
 from infaas.types import FleetEvent, VersionState, WorkerInfo
@@ -74,14 +74,10 @@ class LineLabels(BaseModel):
 
 def version_lines(snapshot: Snapshot, split: CanarySplit) -> tuple[LineLabels, ...]:
     """Every architecture's labels and version states, and the canary share observed (no I/O)."""
-    stored: dict[str, dict[int, VersionState]] = {}
-    for arch in snapshot.architectures.values():
-        stored.setdefault(arch.line, {})[arch.version] = snapshot.labels[arch.line].state(arch.version)
     lines = []
-    for name, versions in sorted(stored.items()):
+    for name in sorted({a.line for a in snapshot.architectures.values()}):
         labels = snapshot.labels[name]
         queries, canary = split.observed(name, labels.canary) if labels.canary else (0, 0)
-        lost = {v: s for v, s in labels.states.items() if v not in versions and s in ("loading", "failed")}
         lines.append(
             LineLabels(
                 architecture=name,
@@ -90,7 +86,7 @@ def version_lines(snapshot: Snapshot, split: CanarySplit) -> tuple[LineLabels, .
                 canary_share=labels.canary_share,
                 observed_queries=queries,
                 observed_canary_share=canary / queries if queries else None,
-                versions=dict(sorted({**versions, **lost}.items())),
+                versions=version_states(labels, snapshot.versions_of(name)),
             )
         )
     return tuple(lines)

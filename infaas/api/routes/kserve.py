@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
@@ -22,10 +22,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
-from infaas.api.auth import authenticate
-from infaas.api.errors import protocol_error
-from infaas.dataplane import DataPlane, InferenceRequest, ModelRef, dataplane_of
-from infaas.errors import InfaasError, InvalidInput, NotFound
+from infaas.api.routes.protocol import Parsed, answer, read
+from infaas.dataplane import Answer, ModelRef, dataplane_of
+from infaas.errors import InvalidInput
+from infaas.router import Snapshot
 from infaas.types import SLO, Task
 
 __all__ = ["DATATYPES", "router"]
@@ -54,19 +54,6 @@ _NUMPY_TO_V2 = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32":
 Name = Annotated[str, PathParam(min_length=1, max_length=200)]
 
 
-def _dataplane(request: Request) -> DataPlane:
-    return dataplane_of(request.app.state)
-
-
-async def _model(request: Request, name: str, version: str | None) -> ModelRef:
-    ref = await _dataplane(request).model(name, time.monotonic())
-    if version is None:
-        return ref
-    if ref.architecture is None or "@" in name or not version.isdigit():
-        raise NotFound(f"model {name!r} has no version {version!r}", model=name, version=version)
-    return await _dataplane(request).model(f"{name}@{version}", time.monotonic())
-
-
 def _tensor(name: str, task: Task, rows: int | None, *, output: bool) -> dict[str, Any]:
     shape = [task.num_classes] if output else list(task.input_spec.shape)
     dtype = "FP32" if output else _NUMPY_TO_V2.get(task.input_spec.dtype, "FP32")
@@ -92,26 +79,13 @@ async def ready(request: Request) -> Response:
 
 
 # ---- models -----------------------------------------------------------------------------------
-async def _metadata(request: Request, name: str, version: str | None) -> Response:
-    try:
-        await authenticate(request)
-        ref = await _model(request, name, version)
-    except InfaasError as exc:
-        return protocol_error(exc)
-    snap = _dataplane(request).router.snapshot
-    if ref.architecture is None:
+def _metadata(request: Request, name: str, ref: ModelRef) -> Response:
+    if ref.version is None:  # a task: one pseudo-version
         versions = ["1"]
+    elif "@" in (ref.architecture or ""):  # one version, named
+        versions = [str(ref.version.version)]
     else:
-        arch = snap.resolve(ref.architecture)
-        versions = (
-            [str(arch.version)]
-            if arch is not None and "@" in ref.architecture
-            else [
-                str(a.version)
-                for a in snap.architectures.values()
-                if arch is not None and a.line == arch.line
-            ]
-        )
+        versions = [str(v) for v in sorted(_snapshot(request).versions_of(ref.version.line))]
     return JSONResponse(
         {
             "name": name,
@@ -124,40 +98,34 @@ async def _metadata(request: Request, name: str, version: str | None) -> Respons
     )
 
 
-@router.get("/v2/models/{name}")
-async def model_metadata(name: Name, request: Request) -> Response:
-    return await _metadata(request, name, None)
-
-
-@router.get("/v2/models/{name}/versions/{version}")
-async def version_metadata(name: Name, version: Name, request: Request) -> Response:
-    return await _metadata(request, name, version)
-
-
-async def _ready(request: Request, name: str, version: str | None) -> Response:
-    try:
-        await authenticate(request)
-        ref = await _model(request, name, version)
-    except InfaasError as exc:
-        return protocol_error(exc)
-    snap = _dataplane(request).router.snapshot
-    if ref.architecture is None:
-        table = snap.by_task.get(ref.task.name)
-    else:
-        arch = snap.resolve(ref.architecture)
-        table = snap.by_architecture.get(arch.name) if arch is not None else None
+def _ready(request: Request, name: str, ref: ModelRef) -> Response:
+    table = _snapshot(request).table(ref.task.name, ref.architecture)
     ok = table is not None and len(table.variants) > 0
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 400)
 
 
+def _snapshot(request: Request) -> Snapshot:
+    return dataplane_of(request.app.state).router.snapshot
+
+
+@router.get("/v2/models/{name}")
+async def model_metadata(name: Name, request: Request) -> Response:
+    return await read(request, name, None, lambda ref: _metadata(request, name, ref))
+
+
+@router.get("/v2/models/{name}/versions/{version}")
+async def version_metadata(name: Name, version: Name, request: Request) -> Response:
+    return await read(request, name, version, lambda ref: _metadata(request, name, ref))
+
+
 @router.get("/v2/models/{name}/ready")
 async def model_ready(name: Name, request: Request) -> Response:
-    return await _ready(request, name, None)
+    return await read(request, name, None, lambda ref: _ready(request, name, ref))
 
 
 @router.get("/v2/models/{name}/versions/{version}/ready")
 async def version_ready(name: Name, version: Name, request: Request) -> Response:
-    return await _ready(request, name, version)
+    return await read(request, name, version, lambda ref: _ready(request, name, ref))
 
 
 # ---- inference --------------------------------------------------------------------------------
@@ -260,66 +228,64 @@ def _wants_binary(body: dict[str, Any]) -> tuple[bool, str]:
     return binary, OUTPUT_NAME
 
 
-async def _infer(request: Request, name: str, version: str | None) -> Response:
-    received_s: float = request.scope.get("state", {}).get("received_s") or time.monotonic()
-    try:
-        principal = await authenticate(request)
-        dataplane = _dataplane(request)
-    except InfaasError as exc:
-        return protocol_error(exc)
-    try:
-        ref = await _model(request, name, version)
-        body, tail = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
-        params = body.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise InvalidInput("parameters must be an object")
-        rows = _input_array(body, tail, ref.task)
-        binary, output_name = _wants_binary(body)
-        pinned = params.get("variant")
-        if pinned is not None and not isinstance(pinned, str):
-            raise InvalidInput("parameters.variant must be a variant name")
-        slo = _targets(params)
-    except InfaasError as exc:
-        dataplane.record_failure(principal, name, exc, received_s)  # a bad request: not charged
-        return protocol_error(exc)
-    try:
-        answer = await dataplane.infer(
-            principal,
-            InferenceRequest(
-                task=ref.task.name,
-                inputs=rows,
-                received_s=received_s,
-                slo=slo,
-                architecture=ref.architecture,
-                variant=pinned,
-            ),
-        )
-    except InfaasError as exc:  # metered by the data plane
-        return protocol_error(exc)
+def _parse(ref: ModelRef, raw: bytes, header_length: str | None) -> tuple[Parsed, _Reply]:
+    body, tail = _split_body(raw, header_length)
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("parameters must be an object")
+    rows = _input_array(body, tail, ref.task)
+    binary, output_name = _wants_binary(body)
+    pinned = params.get("variant")
+    if pinned is not None and not isinstance(pinned, str):
+        raise InvalidInput("parameters.variant must be a variant name")
+    return Parsed(rows, _targets(params), pinned), _Reply(binary, output_name, body.get("id"))
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """What the answer's rendering needs from the request."""
+
+    binary: bool
+    output: str
+    id: Any
+
+
+def _render(name: str, snap: Snapshot, answer: Answer, reply: _Reply) -> Response:
     outputs = answer.outputs.astype(np.float32, copy=False)
-    out: dict[str, Any] = {"name": output_name, "datatype": "FP32", "shape": list(outputs.shape)}
+    out: dict[str, Any] = {"name": reply.output, "datatype": "FP32", "shape": list(outputs.shape)}
     payload = b""
-    if binary:
+    if reply.binary:
         payload = outputs.tobytes()
         out["parameters"] = {"binary_data_size": len(payload)}
     else:
         out["data"] = outputs.reshape(-1).tolist()
-    arch = dataplane.router.snapshot.architectures.get(answer.architecture)
-    reply: dict[str, Any] = {
+    arch = snap.architectures.get(answer.architecture)
+    body: dict[str, Any] = {
         "model_name": name,
         "model_version": str(arch.version if arch is not None else 1),
         "outputs": [out],
         "parameters": answer.decision(),
     }
-    if "id" in body:
-        reply["id"] = body["id"]
-    head = json.dumps(reply, separators=(",", ":")).encode()
-    if not binary:
+    if reply.id is not None:
+        body["id"] = reply.id
+    head = json.dumps(body, separators=(",", ":")).encode()
+    if not reply.binary:
         return Response(head, media_type="application/json")
     return Response(
         head + payload,
         media_type="application/octet-stream",
         headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    header_length = request.headers.get(HEADER_LENGTH)
+    return await answer(
+        request,
+        name,
+        version,
+        lambda ref, raw: _parse(ref, raw, header_length),
+        lambda result, reply: _render(name, _snapshot(request), result, reply),
     )
 
 

@@ -16,19 +16,18 @@ and ``/{name}/versions``), and metadata ends in ``/metadata``.
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
-from infaas.api.auth import authenticate
-from infaas.api.errors import protocol_error
 from infaas.api.openapi import KEY_REQUIRED, TENANT_KEY, error_responses
-from infaas.dataplane import DataPlane, InferenceRequest, ModelRef, dataplane_of
-from infaas.errors import InfaasError, InvalidInput, NotFound
-from infaas.types import Task
+from infaas.api.routes.protocol import Parsed, answer, read
+from infaas.dataplane import Answer, ModelRef, dataplane_of
+from infaas.errors import InvalidInput, NotFound
+from infaas.policy.versions import version_states
+from infaas.types import Task, VersionState
 
 __all__ = ["router"]
 
@@ -41,24 +40,6 @@ _READ = error_responses(InvalidInput, NotFound, *TENANT_KEY)
 """The status and metadata GETs are in infaas's OpenAPI document (they share paths with infaas's
 own routes, whose other methods are documented there); the verbs (``:predict``) are not."""
 _DTYPES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "int64": "DT_INT64", "int32": "DT_INT32"}
-
-
-def _dataplane(request: Request) -> DataPlane:
-    return dataplane_of(request.app.state)
-
-
-async def _resolve(request: Request, name: str, version: str | None, label: str | None) -> ModelRef:
-    dataplane = _dataplane(request)
-    if "@" in name:
-        raise NotFound(f"no model {name!r}: name versions with /versions/{{v}} or /labels/{{l}}", model=name)
-    ref = await dataplane.model(name, time.monotonic())
-    if version is None and label is None:
-        return ref
-    if ref.architecture is None:
-        raise NotFound(f"{name!r} is a task: it has no versions or labels", model=name)
-    if version is not None and not version.isdigit():
-        raise InvalidInput(f"version {version!r} is not a number", version=version)
-    return await dataplane.model(f"{name}@{version if version is not None else label}", time.monotonic())
 
 
 def _instances(body: dict[str, Any]) -> tuple[list[Any], bool]:
@@ -99,45 +80,46 @@ def _examples(body: dict[str, Any]) -> list[Any]:
     return rows
 
 
-async def _run(request: Request, name: str, version: str | None, label: str | None, verb: str) -> Response:
-    received_s: float = request.scope.get("state", {}).get("received_s") or time.monotonic()
+def _parse(verb: str, raw: bytes) -> tuple[Parsed, bool]:
+    """The rows of a predict or classify body (TF Serving carries no targets), and whether the
+    answer goes columnar."""
     try:
-        principal = await authenticate(request)
-        dataplane = _dataplane(request)
-    except InfaasError as exc:
-        return protocol_error(exc)
-    try:
-        if verb not in ("predict", "classify"):
-            raise NotFound(f"unknown method :{verb}; infaas serves :predict and :classify", method=verb)
-        ref = await _resolve(request, name, version, label)
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"the request is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidInput("the request must be a JSON object")
-        signature = body.get("signature_name", "serving_default")
-        if signature not in ("serving_default", "", None):
-            raise InvalidInput(f"unknown signature {signature!r}; the model has 'serving_default'")
-        rows, columnar = _instances(body) if verb == "predict" else (_examples(body), False)
-    except InfaasError as exc:
-        dataplane.record_failure(principal, name, exc, received_s)  # a bad request: not charged
-        return protocol_error(exc)
-    try:
-        answer = await dataplane.infer(
-            principal,
-            InferenceRequest(
-                task=ref.task.name, inputs=rows, received_s=received_s, architecture=ref.architecture
-            ),
-        )
-    except InfaasError as exc:  # metered by the data plane
-        return protocol_error(exc)
-    probs = answer.outputs.tolist()
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the request is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the request must be a JSON object")
+    signature = body.get("signature_name", "serving_default")
+    if signature not in ("serving_default", "", None):
+        raise InvalidInput(f"unknown signature {signature!r}; the model has 'serving_default'")
+    rows, columnar = _instances(body) if verb == "predict" else (_examples(body), False)
+    return Parsed(rows), columnar
+
+
+def _render(verb: str, result: Answer, columnar: bool) -> Response:
+    probs = result.outputs.tolist()
     if verb == "classify":
         reply: dict[str, Any] = {"results": [[[str(c), p] for c, p in enumerate(row)] for row in probs]}
     else:
         reply = {"outputs": probs} if columnar else {"predictions": probs}
     return Response(json.dumps(reply, separators=(",", ":")), media_type="application/json")
+
+
+async def _run(request: Request, name: str, ref: str | None, verb: str) -> Response:
+    """A ``:predict`` or ``:classify`` of `name` at `ref` (a version number or a label)."""
+
+    def known_verb() -> None:
+        if verb not in ("predict", "classify"):
+            raise NotFound(f"unknown method :{verb}; infaas serves :predict and :classify", method=verb)
+
+    return await answer(
+        request,
+        name,
+        ref,
+        lambda _, raw: _parse(verb, raw),
+        lambda result, columnar: _render(verb, result, columnar),
+        check=known_verb,
+    )
 
 
 def _verb(tail: str) -> tuple[str, str] | None:
@@ -162,7 +144,7 @@ async def call(target: Name, request: Request) -> Response:
     parsed = _verb(target)
     if parsed is None:
         return _no_post(target)
-    return await _run(request, parsed[0], None, None, parsed[1])
+    return await _run(request, parsed[0], None, parsed[1])
 
 
 @router.post("/v1/models/{name}/versions/{target}", include_in_schema=False)
@@ -170,7 +152,7 @@ async def call_version(name: Name, target: Name, request: Request) -> Response:
     parsed = _verb(target)
     if parsed is None:
         return _no_post(target)
-    return await _run(request, name, parsed[0], None, parsed[1])
+    return await _run(request, name, parsed[0], parsed[1])
 
 
 @router.post("/v1/models/{name}/labels/{target}", include_in_schema=False)
@@ -178,7 +160,7 @@ async def call_label(name: Name, target: Name, request: Request) -> Response:
     parsed = _verb(target)
     if parsed is None:
         return _no_post(target)
-    return await _run(request, name, None, parsed[0], parsed[1])
+    return await _run(request, name, parsed[0], parsed[1])
 
 
 # ---- status and metadata ----------------------------------------------------------------------
@@ -191,38 +173,32 @@ _TF_STATE = {
 }
 
 
-async def _status(request: Request, name: str, version: str | None) -> Response:
-    try:
-        await authenticate(request)
-        ref = await _resolve(request, name, version, None)
-    except InfaasError as exc:
-        return protocol_error(exc)
-    snap = _dataplane(request).router.snapshot
-    if ref.architecture is None:
-        states = {1: "serving"}
+def _status(request: Request, ref: ModelRef, one: bool) -> Response:
+    if ref.version is None:  # a task: one pseudo-version, always serving
+        states: dict[int, VersionState] = {1: "serving"}
+        errors: dict[int, str] = {}
     else:
-        arch = snap.resolve(ref.architecture)
-        assert arch is not None  # resolved just now
-        labels = snap.labels[arch.line]
-        if version is not None:
-            states = {arch.version: labels.state(arch.version)}
-        else:
-            stored = {a.version for a in snap.architectures.values() if a.line == arch.line}
-            states = {v: labels.state(v) for v in sorted(stored)}
-            states |= {
-                v: s for v, s in labels.states.items() if s in ("loading", "failed") and v not in stored
-            }
-    doc = {
-        "model_version_status": [
-            {
-                "version": str(v),
-                "state": _TF_STATE[state],
-                "status": {"error_code": "UNKNOWN" if state == "failed" else "OK", "error_message": ""},
-            }
-            for v, state in sorted(states.items(), reverse=True)
-        ]
-    }
-    return JSONResponse(doc)
+        snap = dataplane_of(request.app.state).router.snapshot
+        labels = snap.labels[ref.version.line]
+        states = version_states(
+            labels, [ref.version.version] if one else snap.versions_of(labels.architecture)
+        )
+        errors = labels.errors
+    return JSONResponse(
+        {
+            "model_version_status": [
+                {
+                    "version": str(v),
+                    "state": _TF_STATE[state],
+                    "status": {
+                        "error_code": "UNKNOWN" if state == "failed" else "OK",
+                        "error_message": errors.get(v, "") if state == "failed" else "",
+                    },
+                }
+                for v, state in sorted(states.items(), reverse=True)
+            ]
+        }
+    )
 
 
 # `{architecture}`, not `{name}`: the same paths as infaas's own DELETEs, so one entry in the
@@ -230,13 +206,13 @@ async def _status(request: Request, name: str, version: str | None) -> Response:
 @router.get("/v1/models/{architecture}", dependencies=KEY_REQUIRED, responses=_READ)
 async def model_status(architecture: Name, request: Request) -> Response:
     """TensorFlow Serving's `model_version_status` of an architecture's versions (or a task's)."""
-    return await _status(request, architecture, None)
+    return await read(request, architecture, None, lambda ref: _status(request, ref, one=False))
 
 
 @router.get("/v1/models/{architecture}/versions/{version}", dependencies=KEY_REQUIRED, responses=_READ)
 async def version_status(architecture: Name, version: Name, request: Request) -> Response:
     """TensorFlow Serving's `model_version_status` of one version."""
-    return await _status(request, architecture, version)
+    return await read(request, architecture, version, lambda ref: _status(request, ref, one=True))
 
 
 def _tensor_info(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
@@ -259,16 +235,11 @@ def _signature(task: Task) -> dict[str, Any]:
     }
 
 
-async def _metadata(request: Request, name: str, version: str | None) -> Response:
-    try:
-        await authenticate(request)
-        ref = await _resolve(request, name, version, None)
-    except InfaasError as exc:
-        return protocol_error(exc)
-    arch = _dataplane(request).router.snapshot.resolve(ref.architecture) if ref.architecture else None
+def _metadata(name: str, ref: ModelRef) -> Response:
+    version = ref.version.version if ref.version is not None else 1
     return JSONResponse(
         {
-            "model_spec": {"name": name, "signature_name": "", "version": str(arch.version if arch else 1)},
+            "model_spec": {"name": name, "signature_name": "", "version": str(version)},
             "metadata": {"signature_def": {"signature_def": {"serving_default": _signature(ref.task)}}},
         }
     )
@@ -277,7 +248,7 @@ async def _metadata(request: Request, name: str, version: str | None) -> Respons
 @router.get("/v1/models/{architecture}/metadata", dependencies=KEY_REQUIRED, responses=_READ)
 async def model_metadata(architecture: Name, request: Request) -> Response:
     """TensorFlow Serving's metadata: the `serving_default` signature."""
-    return await _metadata(request, architecture, None)
+    return await read(request, architecture, None, lambda ref: _metadata(architecture, ref))
 
 
 @router.get(
@@ -285,4 +256,4 @@ async def model_metadata(architecture: Name, request: Request) -> Response:
 )
 async def version_metadata(architecture: Name, version: Name, request: Request) -> Response:
     """TensorFlow Serving's metadata of one version."""
-    return await _metadata(request, architecture, version)
+    return await read(request, architecture, version, lambda ref: _metadata(architecture, ref))
