@@ -135,6 +135,11 @@ class Settings(BaseSettings):
     max_queue_rows: int = Field(
         default=4096, ge=1, description="Rows waiting per variant; beyond, new queries get 429."
     )
+    worker_channel: Literal["compiled", "classic"] = Field(
+        default="compiled",
+        description="How batches reach Ray workers: a Ray Compiled Graph per worker (shared-memory "
+        "channels), or a classic actor call per batch.",
+    )
     worker_call_timeout_s: float = Field(
         default=60.0, gt=0, description="Bound on one call to a Ray worker (a load or a batch)."
     )

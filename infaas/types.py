@@ -464,6 +464,7 @@ class WorkerInfo(_Value):
     memory_budget_mb: float
     queue_depth: int = 0
     pid: int | None = None  # the worker's OS process (None until it answered once)
+    channel: Literal["compiled", "classic", "inline"] = "classic"  # how batches reach it
 
 
 class FleetEvent(_Value):
@@ -480,6 +481,7 @@ class FleetEvent(_Value):
         "retry",
         "quarantine",
         "place",
+        "channel",
         "upgrade",
         "downgrade",
         "remove",

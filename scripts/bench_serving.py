@@ -1,4 +1,7 @@
-"""Serving benchmark: one ONNX variant behind four servers, measured in one run (see bench_serving).
+"""Serving benchmark: ONNX variants behind several servers, measured in one run (see bench_serving).
+
+Models (--models): `tiny`, an MLP 64 → 128 → 10 (~10 µs a row: the front end runs it), and
+`heavy`, an MLP 64 → 3×2048 → 10 (compute-bound: a Ray worker runs it).
 
 bare         the ONNX Runtime session called in this process (no server)
 handwritten  FastAPI + ONNX Runtime in one uvicorn process, the session called inline
@@ -12,8 +15,13 @@ infaas-service-nojournal  the same with the usage journal off (INFAAS_USAGE_JOUR
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
              (`AsyncBatcher`) → `RayPool`, with the front-end fast path for sub-hop variants
              (`Placement(pool, InProcessPool)`): this 10 µs model then runs in the front end
-infaas-ray   the same with every batch through a Ray actor (one call per batch)
-infaas-nobatch  the same as infaas-ray with batching off: one Ray actor call per request
+infaas-ray   the same with every batch through a Ray worker, over its compiled graph (the default
+             data path to workers: shared-memory channels)
+infaas-ray-classic  the same with a classic Ray actor call per batch (INFAAS_WORKER_CHANNEL=classic)
+infaas-nobatch  the same as infaas-ray with batching off: one Ray call per request
+mlserver     MLServer 1.7 with adaptive batching (64 rows, 2 ms), the same ONNX model through ONNX
+             Runtime with one thread, V2 inference protocol; needs its own environment
+             (--mlserver-venv, default .venv-mlserver; the command to make it is printed if absent)
 
 Each server runs in its own process; the load generator (aiohttp) runs in this one. All servers
 parse the same JSON body and return the same JSON answer.
@@ -42,13 +50,18 @@ from starlette.requests import Request
 FEATURES = 64
 ROW = [round(float(v), 4) for v in np.random.default_rng(0).random(FEATURES)]
 BODY = json.dumps({"inputs": [ROW]}).encode()
+V2_BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, FEATURES], "datatype": "FP32", "data": ROW}]})
+MODELS = {"tiny": ("bench-mlp", (128,)), "heavy": ("bench-heavy", (2048, 2048, 2048))}
+MLSERVER_INSTALL = (
+    "python3 -m venv .venv-mlserver && .venv-mlserver/bin/pip install mlserver==1.7.1 onnxruntime"
+)
 
 
 # ---- the model ------------------------------------------------------------------------------
 
 
-def build_model(root: Path) -> tuple[Path, Any]:
-    """A small MLP on scikit-learn's digits, converted to ONNX; returns (artifact, Variant)."""
+def build_model(root: Path, model: str) -> tuple[Path, Any]:
+    """An MLP (`MODELS[model]`) on scikit-learn's digits, converted to ONNX; (artifact, Variant)."""
     import hashlib
     import warnings
 
@@ -59,18 +72,20 @@ def build_model(root: Path) -> tuple[Path, Any]:
 
     from infaas.types import Parity, Variant, VariantSpec
 
+    arch, hidden = MODELS[model]
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # a benchmark model, not a good one
-        model = MLPClassifier(hidden_layer_sizes=(128,), max_iter=100, random_state=0).fit(x, y)
-    onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=17)
+        iterations = 100 if len(hidden) == 1 else 2  # the heavy one is for its compute, not accuracy
+        mlp = MLPClassifier(hidden_layer_sizes=hidden, max_iter=iterations, random_state=0).fit(x, y)
+    onx = to_onnx(mlp, x[:1], options={id(mlp): {"zipmap": False}}, target_opset=17)
     data = onx.SerializeToString()
-    rel = "bench-mlp/model.onnx"
-    (root / "bench-mlp").mkdir(parents=True, exist_ok=True)
+    rel = f"{arch}/model.onnx"
+    (root / arch).mkdir(parents=True, exist_ok=True)
     (root / rel).write_bytes(data)
     variant = Variant(
-        spec=VariantSpec(architecture="bench-mlp", runtime="onnxruntime", threads=1, max_batch=64),
+        spec=VariantSpec(architecture=arch, runtime="onnxruntime", threads=1, max_batch=64),
         artifact=rel,
         sha256=hashlib.sha256(data).hexdigest(),
         parity=Parity(top1_agreement=1.0, max_abs_diff=0.0, samples=1),
@@ -160,7 +175,7 @@ def serve_handwritten(port: int, workdir: Path) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    session = ort_session(workdir / "artifacts" / "bench-mlp" / "model.onnx")
+    session = ort_session(_artifact(workdir))
     app = FastAPI()
 
     @app.post("/predict")
@@ -171,7 +186,14 @@ def serve_handwritten(port: int, workdir: Path) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool) -> None:
+def _artifact(workdir: Path) -> Path:
+    from infaas.types import Variant
+
+    variant = Variant.model_validate_json((workdir / "variant.json").read_text())
+    return workdir / "artifacts" / variant.artifact
+
+
+def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool, channel: str) -> None:
     from contextlib import asynccontextmanager
 
     import uvicorn
@@ -186,7 +208,7 @@ def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool) -> None
 
     variant = Variant.model_validate_json((workdir / "variant.json").read_text())
     profile = Profile.model_validate_json((workdir / "profile.json").read_text())
-    settings = Settings(data_dir=workdir / "data")
+    settings = Settings(data_dir=workdir / "data", worker_channel=channel)
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -221,7 +243,7 @@ def serve_rayserve(port: int, workdir: Path) -> None:
     from infaas.workers.ray_pool import init_ray
 
     init_ray(Settings(data_dir=workdir / "data"))
-    model_path = workdir / "artifacts" / "bench-mlp" / "model.onnx"
+    model_path = _artifact(workdir)
 
     @serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
     class Model:
@@ -499,17 +521,53 @@ def start_service(workdir: Path, variant: Any, journal: str = "fsync") -> Server
     return server
 
 
+def start_mlserver(workdir: Path, venv: Path) -> Server:
+    """MLServer from its own environment, serving the model through `mlserver_onnx_runtime`."""
+    import shutil
+
+    home = workdir / "mlserver"
+    model_dir = home / "bench"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    runtime = "mlserver_onnx_runtime.py"
+    shutil.copyfile(Path(__file__).with_name(runtime), model_dir / runtime)
+    port = free_port()
+    (home / "settings.json").write_text(
+        json.dumps({"http_port": port, "grpc_port": free_port(), "metrics_port": free_port()})
+    )
+    (model_dir / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": "bench",
+                "implementation": "mlserver_onnx_runtime.OnnxModel",
+                "max_batch_size": 64,
+                "max_batch_time": 0.002,
+                "parameters": {"uri": str(_artifact(workdir))},
+            }
+        )
+    )
+    cmd = [str(venv / "bin" / "mlserver"), "start", str(home)]
+    with (home / "mlserver.log").open("w") as log:  # its access log would fill a pipe
+        proc = subprocess.Popen(cmd, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server("mlserver", proc, f"http://127.0.0.1:{port}/v2/models/bench/infer", body=V2_BODY.encode())
+    return _ready(server)
+
+
 def start_server(kind: str, workdir: Path) -> Server:
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--workdir", str(workdir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    server = Server(kind, proc, f"http://127.0.0.1:{port}/predict")
+    return _ready(Server(kind, proc, f"http://127.0.0.1:{port}/predict"))
+
+
+def _ready(server: Server) -> Server:
+    """`server` once it answers, or its error output and the exception."""
+    proc = server.proc
     try:
         asyncio.run(_wait_ready(server, timeout_s=120))
     except Exception:
         stop_server(server)
         _, err = proc.communicate(timeout=30)
-        sys.stderr.write(err.decode(errors="replace")[-3000:])
+        sys.stderr.write((err or b"(its output went to its log)").decode(errors="replace")[-3000:])
         raise
     return server
 
@@ -537,12 +595,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each c=64 throughput window")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--models", default="tiny", help="tiny, heavy, or tiny,heavy")
     parser.add_argument(
         "--only",
         default="handwritten,rayserve,infaas-service,infaas-service-os-journal,infaas-service-nojournal,"
-        "infaas,infaas-ray,infaas-nobatch",
-        help="servers to measure",
+        "infaas,infaas-ray,infaas-nobatch,direct",
+        help="servers to measure (direct: batching on/off without HTTP); also infaas-ray-classic, mlserver",
     )
+    parser.add_argument("--mlserver-venv", type=Path, default=Path(".venv-mlserver"))
     args = parser.parse_args()
     if args.direct:
         direct_batching(args.workdir, args.concurrency, args.seconds / 2, args.rounds)
@@ -558,64 +618,78 @@ def main() -> None:
                 args.workdir,
                 batching=args.serve != "infaas-nobatch",
                 inline=args.serve == "infaas",
+                channel="classic" if args.serve == "infaas-ray-classic" else "compiled",
             )
         return
+    kinds = [k for k in args.only.split(",") if k != "direct"]
+    if "mlserver" in kinds and not (args.mlserver_venv / "bin" / "mlserver").exists():
+        where = args.mlserver_venv
+        raise SystemExit(f"mlserver: no environment at {where}; make it with\n  {MLSERVER_INSTALL}")
 
+    results: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="infaas-bench-") as tmp:
-        workdir = Path(tmp)
-        path, variant = build_model(workdir / "artifacts")
-        results: dict[str, dict[str, float]] = {}
-        results["bare"], profile = bare(path, variant)
-        (workdir / "variant.json").write_text(variant.model_dump_json())
-        (workdir / "profile.json").write_text(profile.model_dump_json())
-        if any(kind.startswith("infaas-service") for kind in args.only.split(",")):
-            prepare_service(workdir, path, variant, profile)
-        print(f"variant {variant.name}: bare p50 {results['bare']['p50_ms'] * 1000:.0f} µs", flush=True)
+        workdirs: dict[str, tuple[Path, Any]] = {}
+        for model in args.models.split(","):
+            workdir = Path(tmp) / model
+            path, variant = build_model(workdir / "artifacts", model)
+            results[model] = {}
+            results[model]["bare"], profile = bare(path, variant)
+            (workdir / "variant.json").write_text(variant.model_dump_json())
+            (workdir / "profile.json").write_text(profile.model_dump_json())
+            if any(kind.startswith("infaas-service") for kind in kinds):
+                prepare_service(workdir, path, variant, profile)
+            bare_us = results[model]["bare"]["p50_ms"] * 1000
+            print(f"{model}: variant {variant.name}, bare p50 {bare_us:.0f} µs", flush=True)
+            workdirs[model] = (workdir, variant)
         # Interleaved rounds, one server up at a time (an idle Ray instance still costs CPU on 2
         # cores): drifting background load on the shared machine then hits every server alike.
         # p50 over all rounds' latencies; throughput is the median round.
-        latencies_ms: dict[str, list[float]] = {}
-        rps: dict[str, list[float]] = {}
+        latencies_ms: dict[tuple[str, str], list[float]] = {}
+        rps: dict[tuple[str, str], list[float]] = {}
         for round_no in range(args.rounds):
-            for kind in args.only.split(","):
-                if kind.startswith("infaas-service"):
-                    journal = {"infaas-service-os-journal": "os", "infaas-service-nojournal": "off"}
-                    server = start_service(workdir, variant, journal=journal.get(kind, "fsync"))
-                else:
-                    server = start_server(kind, workdir)
-                try:
-                    lat, window_rps, mean_batch = asyncio.run(
-                        measure(server, args.requests // args.rounds, args.seconds, args.concurrency)
+            for model, (workdir, variant) in workdirs.items():
+                for kind in kinds:
+                    if kind.startswith("infaas-service"):
+                        journal = {"infaas-service-os-journal": "os", "infaas-service-nojournal": "off"}
+                        server = start_service(workdir, variant, journal=journal.get(kind, "fsync"))
+                    elif kind == "mlserver":
+                        server = start_mlserver(workdir, args.mlserver_venv)
+                    else:
+                        server = start_server(kind, workdir)
+                    try:
+                        lat, window_rps, mean_batch = asyncio.run(
+                            measure(server, args.requests // args.rounds, args.seconds, args.concurrency)
+                        )
+                    finally:
+                        stop_server(server)
+                    latencies_ms.setdefault((model, kind), []).extend(lat)
+                    rps.setdefault((model, kind), []).append(window_rps)
+                    batch = "" if mean_batch is None else f", mean batch {mean_batch:.1f} rows"
+                    print(
+                        f"  round {round_no + 1} {model} {kind}: p50 {statistics.median(lat):.3f} ms, "
+                        f"{window_rps:.0f} req/s{batch}",
+                        flush=True,
                     )
-                finally:
-                    stop_server(server)
-                latencies_ms.setdefault(kind, []).extend(lat)
-                rps.setdefault(kind, []).append(window_rps)
-                batch = "" if mean_batch is None else f", mean batch {mean_batch:.1f} rows"
-                print(
-                    f"  round {round_no + 1} {kind}: p50 {statistics.median(lat):.3f} ms, "
-                    f"{window_rps:.0f} req/s{batch}",
-                    flush=True,
-                )
-        print("measuring batching on/off without HTTP ...", flush=True)
-        cmd = [sys.executable, __file__, "--direct", "--workdir", str(workdir)]
-        cmd += [
-            "--concurrency",
-            str(args.concurrency),
-            "--seconds",
-            str(args.seconds),
-            "--rounds",
-            str(args.rounds),
-        ]
-        direct = json.loads(subprocess.run(cmd, check=True, capture_output=True).stdout.splitlines()[-1])
-        for kind in rps:
-            results[kind] = {
-                "p50_ms": statistics.median(latencies_ms[kind]),
-                "rps": statistics.median(rps[kind]),
+        for (model, kind), values in rps.items():
+            results[model][kind] = {
+                "p50_ms": statistics.median(latencies_ms[(model, kind)]),
+                "rps": statistics.median(values),
             }
-        results["direct-on"] = {"p50_ms": float("nan"), "rps": statistics.median(direct["on"])}
-        results["direct-off"] = {"p50_ms": float("nan"), "rps": statistics.median(direct["off"])}
-    report(results, args.concurrency)
+        if "direct" in args.only.split(","):
+            for model, (workdir, _) in workdirs.items():
+                print(f"measuring batching on/off without HTTP ({model}) ...", flush=True)
+                cmd = [sys.executable, __file__, "--direct", "--workdir", str(workdir)]
+                cmd += ["--concurrency", str(args.concurrency), "--seconds", str(args.seconds)]
+                cmd += ["--rounds", str(args.rounds)]
+                out = subprocess.run(cmd, check=True, capture_output=True).stdout.splitlines()[-1]
+                direct = json.loads(out)
+                for mode in ("on", "off"):
+                    rate = statistics.median(direct[mode])
+                    results[model][f"direct-{mode}"] = {"p50_ms": float("nan"), "rps": rate}
+    for model, table in results.items():
+        print(f"\n### {model}")
+        report(table, args.concurrency)
+    data_path_goals(results)
 
 
 def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
@@ -671,6 +745,37 @@ def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
     if "direct-on" in results:
         ratio = results["direct-on"]["rps"] / results["direct-off"]["rps"]
         goals.append(("throughput batching on / off (Ray path, no HTTP)", ratio, "≥ 3", ratio >= 3))
+    print("| ratio | measured | goal | met |")
+    print("|---|---:|---|---|")
+    for name, value, goal, met in goals:
+        verdict = "" if goal == "—" else ("yes" if met else "no")
+        print(f"| {name} | {value:.2f} | {goal} | {verdict} |")
+
+
+def data_path_goals(results: dict[str, dict[str, dict[str, float]]]) -> None:
+    """The data path's goals (issue 15), where this run measured what they compare."""
+    goals: list[tuple[str, float, str, bool]] = []
+    tiny, heavy = results.get("tiny", {}), results.get("heavy", {})
+    if "infaas" in tiny and "infaas-ray" in heavy:
+        ratio = heavy["infaas-ray"]["rps"] / tiny["infaas"]["rps"]
+        goals.append(("heavy through the Ray path / tiny, req/s", ratio, "≥ 0.8", ratio >= 0.8))
+    for model, table in results.items():
+        if "infaas" in table and "mlserver" in table:
+            ratio = table["infaas"]["rps"] / table["mlserver"]["rps"]
+            goals.append((f"{model}: infaas / MLServer, req/s", ratio, "≥ 2", ratio >= 2))
+            extra = table["infaas"]["p50_ms"] - table["mlserver"]["p50_ms"]
+            goals.append((f"{model}: infaas p50 − MLServer p50 at c=1 (ms)", extra, "< 0", extra < 0))
+        if "infaas-ray" in table and "infaas-ray-classic" in table:
+            ratio = table["infaas-ray"]["rps"] / table["infaas-ray-classic"]["rps"]
+            goals.append((f"{model}: compiled / classic Ray path, req/s", ratio, "—", True))
+            gain = table["infaas-ray-classic"]["p50_ms"] - table["infaas-ray"]["p50_ms"]
+            goals.append((f"{model}: p50 saved by the compiled path (ms)", gain, "—", True))
+    if "infaas" in tiny and "infaas-ray" in tiny:
+        extra = tiny["infaas-ray"]["p50_ms"] - tiny["infaas"]["p50_ms"]
+        goals.append(("tiny: Ray path p50 − in-process path p50 (ms)", extra, "≤ 0.5", extra <= 0.5))
+    if not goals:
+        return
+    print("\n### the data path")
     print("| ratio | measured | goal | met |")
     print("|---|---:|---|---|")
     for name, value, goal, met in goals:

@@ -157,6 +157,7 @@ class InProcessPool:
                 memory_used_mb=self._models.used_mb,
                 memory_budget_mb=self._budget_mb,
                 queue_depth=self._running,
+                channel="inline",
             )
         ]
 

@@ -39,6 +39,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -50,12 +51,16 @@ import numpy as np
 from infaas.errors import InfaasError, Unavailable, VariantNotFound
 from infaas.settings import Settings
 from infaas.types import FleetEvent, Variant, WorkerInfo
+from infaas.workers.channel import ChannelBroken, ChannelTimeout, CompiledChannel, channel_errors
 from infaas.workers.residency import EventLog, Residency, load_into, rss_mb
 
 __all__ = ["RayPool", "WorkerHost", "init_ray", "worker_group"]
 
 _MB = 1024.0 * 1024.0
 _RESTART_WAIT_S = 120.0  # a restarting TensorFlow worker takes seconds; a lost node never answers
+# Batches in flight on one worker's compiled channel (all its variants together): each slot is a
+# shared-memory buffer; more than a few only queue at the actor, which runs one batch at a time.
+_CHANNEL_SLOTS = 8
 
 
 def worker_group(variant: Variant) -> tuple[str, str]:
@@ -130,8 +135,15 @@ class WorkerHost:
         _import_runtime(family)
         self._residency: Residency[Any] = Residency(memory_budget_mb, baseline_mb=rss_mb())
         self._roots: dict[str, Path] = {}
+        # Batches arrive on the compiled graph's background thread, loads and unloads on the
+        # actor's main thread: one at a time, as a classic actor would run them.
+        self._lock = threading.RLock()
 
     def describe(self) -> dict[str, Any]:
+        with self._lock:
+            return self._describe()
+
+    def _describe(self) -> dict[str, Any]:
         r = self._residency
         return {
             "pid": os.getpid(),
@@ -141,9 +153,12 @@ class WorkerHost:
         }
 
     def load(self, variant_json: str, artifact: bytes, is_dir: bool, expected_mb: float) -> dict[str, Any]:
+        with self._lock:
+            return self._load(Variant.model_validate_json(variant_json), artifact, is_dir, expected_mb)
+
+    def _load(self, variant: Variant, artifact: bytes, is_dir: bool, expected_mb: float) -> dict[str, Any]:
         from variants.runtimes import load_variant
 
-        variant = Variant.model_validate_json(variant_json)
         evicted: list[str] = []
         load_s = 0.0
         memory_mb = self._residency.memory_mb(variant.name)
@@ -168,7 +183,7 @@ class WorkerHost:
             load_s, memory_mb = loaded.load_s, loaded.memory_mb
             self._roots[variant.name] = root
             evicted += self._drop(loaded.evicted)
-        return {**self.describe(), "evicted": evicted, "load_s": load_s, "memory_mb": memory_mb}
+        return {**self._describe(), "evicted": evicted, "load_s": load_s, "memory_mb": memory_mb}
 
     def _drop(self, evicted: list[tuple[str, Any]]) -> list[str]:
         for name, model in evicted:
@@ -180,17 +195,25 @@ class WorkerHost:
 
     def run(self, variant: str, batch: np.ndarray) -> np.ndarray | None:
         """The batch's outputs; None when this worker does not hold `variant` (e.g. it restarted)."""
-        model = self._residency.get(variant)
-        if model is None:
-            return None
-        out: np.ndarray = model.predict(batch)
-        return out
+        with self._lock:
+            model = self._residency.get(variant)
+            if model is None:
+                return None
+            out: np.ndarray = model.predict(batch)
+            return out
+
+    def watch(self) -> None:
+        """Never returns while the actor lives: the front end keeps one call pending (in its own
+        concurrency group) to learn of the actor's death at once, which a compiled graph does not
+        report to the batches waiting on it."""
+        threading.Event().wait()
 
     def unload(self, variant: str) -> dict[str, Any]:
-        model = self._residency.pop(variant)
-        if model is not None:
-            self._drop([(variant, model)])
-        return self.describe()
+        with self._lock:
+            model = self._residency.pop(variant)
+            if model is not None:
+                self._drop([(variant, model)])
+            return self._describe()
 
 
 @dataclass(eq=False)
@@ -205,6 +228,7 @@ class _Worker:
     alive: bool = True
     incarnation: int = 0
     pid: int | None = None
+    channel: CompiledChannel | None = None  # the compiled data path, built at the first batch
 
     def mirror(self, described: dict[str, Any]) -> None:
         self.loaded = OrderedDict((name, float(mb)) for name, mb in described["loaded"])
@@ -245,14 +269,16 @@ class RayPool:
         cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)  # type: ignore[no-untyped-call]
         self._max_workers = cap or max(1, int(cpus))
         self._call_timeout_s = settings.worker_call_timeout_s
+        self._compiled = settings.worker_channel == "compiled"
         # Threads are explicit per variant, so the actors reserve no logical CPU (0 by default)
         # and spread over the cluster's nodes; a crashed actor restarts, its tasks are not retried
-        # by Ray (the pool decides where a lost batch goes).
-        self._actor_cls = ray.remote(
+        # by Ray (the pool decides where a lost batch goes). `watch` runs in a group of its own.
+        self._actor_cls = ray.remote(  # type: ignore[call-overload]  # Ray's stubs lack concurrency_groups
             num_cpus=worker_num_cpus,
             max_restarts=max_restarts,
             max_task_retries=0,
             scheduling_strategy="SPREAD",
+            concurrency_groups={"watch": 1},
         )(WorkerHost)
         self._workers: dict[str, _Worker] = {}
         self._ids = itertools.count()
@@ -261,6 +287,7 @@ class RayPool:
         self._locks: dict[str, asyncio.Lock] = {}
         self._memory_seen_mb: dict[str, float] = {}
         self._restarts: set[asyncio.Task[None]] = set()
+        self._watches: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # ---- the WorkerPool protocol ------------------------------------------------------------
@@ -295,7 +322,7 @@ class RayPool:
         incarnation = worker.incarnation
         worker.in_flight += 1
         try:
-            out = await self._call(worker, incarnation, worker.handle.run.remote(variant.name, batch))
+            out = await self._run_on(worker, incarnation, variant.name, batch)
         finally:
             worker.in_flight -= 1
         if out is None:
@@ -376,6 +403,7 @@ class RayPool:
                 memory_budget_mb=self._budget_mb,
                 queue_depth=w.in_flight,
                 pid=w.pid,
+                channel="compiled" if w.channel is not None else "classic",
             )
             for w in self._workers.values()
         ]
@@ -428,8 +456,12 @@ class RayPool:
         self._closed = True
         import ray
 
-        for task in list(self._restarts):
+        for task in [*self._restarts, *self._watches]:
             task.cancel()
+        # Stop the graphs' loops while their actors live (a teardown that finds its actor killed
+        # logs a traceback), then the actors.
+        channels = [w.channel for w in self._workers.values() if w.channel is not None]
+        await asyncio.gather(*(asyncio.to_thread(c.close) for c in channels), return_exceptions=True)
         for worker in self._workers.values():
             try:
                 ray.kill(worker.handle, no_restart=True)
@@ -514,6 +546,7 @@ class RayPool:
         finally:
             worker.in_flight -= 1
         worker.mirror(described)
+        self._channel(worker)  # built with the load (a slow path anyway), not by the first batch
         self._memory_seen_mb[variant.name] = float(described["memory_mb"])
         for name in described["evicted"]:
             self._events.add(
@@ -550,6 +583,67 @@ class RayPool:
         self._artifacts[key] = entry
         return entry
 
+    # ---- the data path ----------------------------------------------------------------------
+
+    async def _run_on(self, worker: _Worker, incarnation: int, variant: str, batch: np.ndarray) -> Any:
+        """`run(variant, batch)` on `worker`: through its compiled channel (`infaas.workers.channel`),
+        or a classic actor call when channels are off or the channel could not be built."""
+        from ray.exceptions import RayTaskError
+
+        channel = self._channel(worker)
+        if channel is None:
+            return await self._call(worker, incarnation, worker.handle.run.remote(variant, batch))
+        try:
+            return await channel.call(variant, batch, self._call_timeout_s)
+        except ChannelTimeout:
+            raise self._timed_out(worker) from None
+        except RayTaskError as exc:
+            raise self._task_error(worker, exc) from None
+        except channel_errors() as exc:
+            raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
+
+    def _channel(self, worker: _Worker) -> CompiledChannel | None:
+        if not self._compiled or not worker.alive:
+            return None
+        if worker.channel is None:
+            try:
+                # Compiling waits for the actor to set up its loop (~150 ms here, once per worker
+                # incarnation); it must run in the event loop's thread.
+                worker.channel = CompiledChannel(worker.handle, _CHANNEL_SLOTS)
+                watch = asyncio.get_running_loop().create_task(self._watch(worker, worker.incarnation))
+                self._watches.add(watch)
+                watch.add_done_callback(self._watches.discard)
+            except Exception as exc:
+                self._compiled = False  # what failed once fails for every worker: say so once
+                self._events.add(
+                    "channel",
+                    "*",
+                    worker.worker_id,
+                    "compiled graphs unavailable, batches use classic actor calls: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+                return None
+        return worker.channel
+
+    async def _watch(self, worker: _Worker, incarnation: int) -> None:
+        """Report the death of `worker`'s actor as soon as Ray knows of it (see `WorkerHost.watch`)."""
+        from ray.exceptions import RayActorError
+
+        try:
+            await worker.handle.watch.options(concurrency_group="watch").remote()
+        except RayActorError as exc:
+            if not self._closed:
+                self._worker_lost(worker, incarnation, exc)
+
+    @staticmethod
+    def _drop_channel(worker: _Worker, reason: str) -> None:
+        """Forget the channel of a worker whose actor died: its waiting batches fail over at once,
+        and the teardown (it blocks until Ray has stopped the actor's loop) runs off the loop."""
+        channel, worker.channel = worker.channel, None
+        if channel is not None:
+            channel.fail(ChannelBroken(reason))
+            threading.Thread(target=channel.close, name="infaas-channel-teardown", daemon=True).start()
+
     # ---- failures ---------------------------------------------------------------------------
 
     async def _call(self, worker: _Worker, incarnation: int, ref: Any) -> Any:
@@ -564,30 +658,40 @@ class RayPool:
 
             with contextlib.suppress(Exception):  # a running actor task may not be cancellable
                 ray.cancel(ref)
-            raise Unavailable(
-                f"worker {worker.worker_id} did not answer within {self._call_timeout_s:g} s "
-                "(INFAAS_WORKER_CALL_TIMEOUT_S)",
-                worker=worker.worker_id,
-            ) from None
+            raise self._timed_out(worker) from None
         except RayActorError as exc:
             raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
         except RayTaskError as exc:
-            cause = exc.cause if isinstance(exc.cause, Exception) else exc
-            if isinstance(cause, InfaasError):
-                raise cause from None
-            raise Unavailable(
-                f"worker {worker.worker_id} failed: {type(cause).__name__}: {cause}", worker=worker.worker_id
-            ) from None
+            raise self._task_error(worker, exc) from None
         if not worker.alive and worker.incarnation == incarnation:
             worker.alive = True
         return result
 
+    def _timed_out(self, worker: _Worker) -> Unavailable:
+        return Unavailable(
+            f"worker {worker.worker_id} did not answer within {self._call_timeout_s:g} s "
+            "(INFAAS_WORKER_CALL_TIMEOUT_S)",
+            worker=worker.worker_id,
+        )
+
+    @staticmethod
+    def _task_error(worker: _Worker, exc: Any) -> InfaasError:
+        """An error raised inside the worker: itself when it is an infaas error, else `Unavailable`."""
+        cause = exc.cause if isinstance(exc.cause, Exception) else exc
+        if isinstance(cause, InfaasError):
+            return cause
+        return Unavailable(
+            f"worker {worker.worker_id} failed: {type(cause).__name__}: {cause}", worker=worker.worker_id
+        )
+
     def _worker_lost(self, worker: _Worker, incarnation: int, exc: Exception) -> str:
         reason = f"worker {worker.worker_id} died: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         if worker.incarnation == incarnation:
-            # First report of this death: it restarts (max_restarts) with nothing loaded.
+            # First report of this death: it restarts (max_restarts) with nothing loaded, and
+            # needs a new channel (Ray tore the old graph down with the actor).
             worker.incarnation += 1
             worker.alive = False
+            self._drop_channel(worker, reason)
             lost = list(worker.loaded)
             worker.loaded.clear()
             self._events.add("crash", ",".join(lost) or "-", worker.worker_id, reason)

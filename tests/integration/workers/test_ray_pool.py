@@ -109,6 +109,35 @@ async def test_loads_on_demand_and_matches_the_in_process_runtime(ray_session: S
         await pool.close()
 
 
+async def test_batches_take_the_compiled_channel_and_match_the_classic_call(
+    ray_session: Settings, zoo
+) -> None:  # type: ignore[no-untyped-def]
+    """Batches reach a worker over its compiled graph; 60 at once (more than the channel's slots)
+    all come back, each with its own rows; an error raised in the worker is a 503 with the cause
+    and leaves the channel serving; a classic-call pool answers the same."""
+    root, variants, rows = zoo
+    a = variants["lr-a"]
+    compiled = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=1)
+    classic = RayPool(
+        ray_session.model_copy(update={"worker_channel": "classic"}),
+        artifacts_dir=root,
+        max_workers_per_family=1,
+    )
+    try:
+        outs = await asyncio.gather(*(compiled.run(a, rows[i : i + 3]) for i in range(0, 180, 3)))
+        np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:180]), rtol=1e-5, atol=1e-6)
+        assert [w.channel for w in compiled.fleet()] == ["compiled"]
+        with pytest.raises(Unavailable, match="failed: "):
+            await compiled.run(a, np.ones((2, 7), dtype=np.float32))  # the model takes 64 features
+        again = await compiled.run(a, rows[:5])
+        np.testing.assert_array_equal(again, await classic.run(a, rows[:5]))
+        assert [w.channel for w in classic.fleet()] == ["classic"]
+        assert not [e for e in compiled.events() if e.kind == "channel"]  # no fallback happened
+    finally:
+        await compiled.close()
+        await classic.close()
+
+
 async def test_evicts_least_recently_used_under_a_small_budget(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
     root, variants, rows = zoo
     a, b = variants["lr-a"], variants["lr-b"]
@@ -211,10 +240,15 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(ray_session: S
         assert answered > 0
         kinds = {e.kind for e in pool.events(limit=1000)}
         assert "crash" in kinds and "retry" in kinds
-        # the pool serves again afterwards
+        # the pool serves again afterwards, the restarted worker over a new compiled channel
         np.testing.assert_allclose(
             await pool.run(b, rows[:2]), expected(root, b, rows[:2]), rtol=1e-5, atol=1e-6
         )
+        deadline = asyncio.get_running_loop().time() + 60
+        while not pool.fleet()[0].alive and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        np.testing.assert_allclose(await pool.run(a, rows[:2]), want_a[:2], rtol=1e-5, atol=1e-6)
+        assert all(w.channel == "compiled" for w in pool.fleet() if w.loaded), pool.fleet()
     finally:
         await pool.close()
 
