@@ -19,7 +19,7 @@ infaas-ray   the same with every batch through a Ray worker, over its compiled g
              data path to workers: shared-memory channels)
 infaas-ray-classic  the same with a classic Ray actor call per batch (INFAAS_WORKER_CHANNEL=classic)
 infaas-nobatch  the same as infaas-ray with batching off: one Ray call per request
-mlserver     MLServer 1.7 with adaptive batching (64 rows, 2 ms), the same ONNX model through ONNX
+mlserver     MLServer 1.7.1 with adaptive batching (64 rows, 2 ms), the same ONNX model through ONNX
              Runtime with one thread, V2 inference protocol; needs its own environment
              (--mlserver-venv, default .venv-mlserver; the command to make it is printed if absent)
 
@@ -51,9 +51,14 @@ FEATURES = 64
 ROW = [round(float(v), 4) for v in np.random.default_rng(0).random(FEATURES)]
 BODY = json.dumps({"inputs": [ROW]}).encode()
 V2_BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, FEATURES], "datatype": "FP32", "data": ROW}]})
+# Loose, as in the service rows: these rows measure throughput, and a request the batcher drops
+# at its deadline (504) would end the window.
+DEADLINE_S = 10.0
 MODELS = {"tiny": ("bench-mlp", (128,)), "heavy": ("bench-heavy", (2048, 2048, 2048))}
+# uvloop 0.22 made get_event_loop() raise outside a running loop, which kills MLServer 1.7's workers
 MLSERVER_INSTALL = (
-    "python3 -m venv .venv-mlserver && .venv-mlserver/bin/pip install mlserver==1.7.1 onnxruntime"
+    "python3 -m venv .venv-mlserver && "
+    ".venv-mlserver/bin/pip install mlserver==1.7.1 'uvloop<0.22' onnxruntime"
 )
 
 
@@ -229,7 +234,7 @@ def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool, channel
     async def predict(request: Request) -> Any:
         body = json.loads(await request.body())
         x = np.asarray(body["inputs"], dtype=np.float32)
-        result = await state["batcher"].submit(variant, profile, x, time.monotonic() + 0.1)
+        result = await state["batcher"].submit(variant, profile, x, time.monotonic() + DEADLINE_S)
         return _json_response(result.outputs, result.batch_rows)
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -283,7 +288,7 @@ def direct_batching(workdir: Path, concurrency: int, seconds: float, rounds: int
         async def client() -> None:
             nonlocal done
             while time.perf_counter() < stop_s:
-                await batcher.submit(variant, profile, x, time.monotonic() + 0.1)
+                await batcher.submit(variant, profile, x, time.monotonic() + DEADLINE_S)
                 done += 1
 
         t0 = time.perf_counter()
@@ -660,6 +665,11 @@ def main() -> None:
                         lat, window_rps, mean_batch = asyncio.run(
                             measure(server, args.requests // args.rounds, args.seconds, args.concurrency)
                         )
+                    except Exception:
+                        stop_server(server)
+                        if server.proc.stderr is not None:
+                            sys.stderr.write(server.proc.stderr.read().decode(errors="replace")[-3000:])
+                        raise
                     finally:
                         stop_server(server)
                     latencies_ms.setdefault((model, kind), []).extend(lat)

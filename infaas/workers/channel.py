@@ -1,10 +1,15 @@
 """The data path from the front end to one worker actor: a Ray Compiled Graph.
 
 A classic actor call pays for task submission, an object-store round trip and the result's
-ownership bookkeeping: ~1 ms per batch here, plus the Ray client's CPU in the front end. A compiled
-graph moves the arguments and the result through shared-memory channels that the actor's execution
-loop reads in a background thread: the per-batch cost is a few hundred µs (docs/benchmarks.md,
-"The data path").
+ownership bookkeeping: 2.3–2.8 ms per batch on this machine, most of it CPU in the front end. A
+compiled graph moves the arguments and the result through shared-memory channels that the actor's
+execution loop reads: ~0.55 ms (docs/benchmarks.md, "The data path to workers").
+
+How a batch travels: the event loop puts `(variant, rows, future)` on the channel's queue; one
+thread per channel executes the graph and waits for its result, then settles the future on the
+loop. Ray also offers an asyncio flavour (`enable_asyncio=True`), measured slower here (p50 1.15
+ms against 0.72 ms, and fewer calls/s): it hands every execution to two thread pools (writer and
+reader) and back. One thread per worker runs one batch at a time, as the actor does anyway.
 
 Ray's limits on compiled graphs, and how the pool lives with them:
 - One compiled graph per actor at a time: each worker has exactly one channel, `run(variant, rows)`,
@@ -12,123 +17,128 @@ Ray's limits on compiled graphs, and how the pool lives with them:
   calls (rare, and they may take seconds).
 - Only the compiling process may execute it: a channel belongs to the `RayPool` that spawned the
   worker and never leaves that process.
-- A bounded number of executions in flight (`max_in_flight`): a semaphore in front of `execute`
-  holds callers back instead of letting Ray raise `RayCgraphCapacityExceeded`. A slot is released
-  only when its result has been read, even by a caller that gave up waiting, so the count Ray keeps
-  and ours agree.
+- A bounded number of executions in flight: the channel's thread has at most one.
 - The graph's task runs on a background thread of the actor, beside the main thread that runs the
   classic calls: `WorkerHost` serialises the two with one lock.
-- An actor that dies tears its graph down: the call raises a channel or actor error, which the pool
-  treats like a lost worker (the batch is retried elsewhere), and the pool builds a new channel once
-  the restarted actor answers.
+- An actor that dies leaves the execution in flight unanswered: the pool learns of the death from
+  a call it keeps pending on the actor (`RayPool._watch`), fails the channel (`fail`: every waiting
+  batch raises `ChannelBroken` at once and is retried elsewhere), tears it down, and builds a new
+  one for the restarted actor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ChannelBroken", "ChannelTimeout", "CompiledChannel", "channel_errors"]
+__all__ = ["ChannelBroken", "ChannelTimeout", "CompiledChannel"]
 
 
 class ChannelBroken(Exception):
-    """The worker behind the channel died (the pool saw it); the batch did not run, or its result
-    is lost."""
+    """The worker behind the channel died, or the channel failed: the batch's result is lost."""
 
 
 class ChannelTimeout(Exception):
-    """No result within the caller's bound; the execution still holds its slot until it ends."""
-
-
-def channel_errors() -> tuple[type[Exception], ...]:
-    """The exceptions that mean the channel (or the actor behind it) is gone."""
-    from ray.exceptions import RayActorError, RayChannelError
-
-    return (ChannelBroken, RayChannelError, RayActorError)
+    """No result within the caller's bound."""
 
 
 class CompiledChannel:
-    """A compiled graph `handle.run(variant, rows)`, executed from the event loop that built it.
+    """A compiled graph `handle.run(variant, rows)` and the thread that executes it.
 
-    Build it in the thread that runs the event loop (Ray's async reader and writer bind to it)."""
+    Build it with `open` (compiling waits for the actor to start the graph's loop, ~150 ms here, so
+    it runs off the event loop); call it from that loop only."""
 
-    def __init__(self, handle: Any, max_in_flight: int) -> None:
-        from ray.dag import InputNode
-
-        with InputNode() as inp:
-            dag = handle.run.bind(inp[0], inp[1])
-        self._graph = dag.experimental_compile(enable_asyncio=True, _max_inflight_executions=max_in_flight)
-        self._slots = asyncio.Semaphore(max_in_flight)
-        self._executions: set[asyncio.Task[Any]] = set()
-        # Set once the channel is known dead: every caller still waiting gets its error at once
-        # (after the actor dies, Ray leaves the executions already submitted unanswered).
-        self._broken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._broken.add_done_callback(lambda f: f.exception())  # retrieved: no "never retrieved"
+    def __init__(self, graph: Any, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self._graph = graph
+        self._loop = loop
+        self._queue: queue.SimpleQueue[tuple[str, np.ndarray, float, asyncio.Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._error: Exception | None = None
         self.closed = False
+        threading.Thread(target=self._serve, name=f"infaas-channel-{name}", daemon=True).start()
+
+    @classmethod
+    async def open(cls, handle: Any, name: str) -> CompiledChannel:
+        def compile_graph() -> Any:
+            from ray.dag import InputNode
+
+            with InputNode() as inp:
+                dag = handle.run.bind(inp[0], inp[1])
+            return dag.experimental_compile()
+
+        return cls(await asyncio.to_thread(compile_graph), asyncio.get_running_loop(), name)
 
     async def call(self, variant: str, rows: np.ndarray, timeout_s: float) -> Any:
         """`run(variant, rows)` on the actor: its return value (an exception raised in the actor
-        comes back as `RayTaskError`); the channel's error once it is broken; `ChannelTimeout`
-        after `timeout_s`."""
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + timeout_s
-        slot = loop.create_task(self._slots.acquire())
-        if not await self._first(slot, deadline_s):
-            slot.cancel()
-            if slot.done() and not slot.cancelled():
-                self._slots.release()
-            self._raise_broken_or_timeout(timeout_s)
-        execution = loop.create_task(self._execute(variant, rows))
-        self._executions.add(execution)
-        execution.add_done_callback(self._executions.discard)
-        if not await self._first(execution, deadline_s):
-            self._raise_broken_or_timeout(timeout_s)  # the execution keeps its slot until it ends
-        return execution.result()
-
-    async def _first(self, task: asyncio.Task[Any], deadline_s: float) -> bool:
-        """Wait for `task` until the channel breaks or the deadline; True when `task` finished."""
-        timeout_s = max(0.0, deadline_s - asyncio.get_running_loop().time())
-        await asyncio.wait({task, self._broken}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        return task.done()
-
-    def _raise_broken_or_timeout(self, timeout_s: float) -> None:
-        if self._broken.done():
-            error = self._broken.exception()
-            assert error is not None
-            raise error
-        raise ChannelTimeout(f"no result within {timeout_s:g} s")
-
-    async def _execute(self, variant: str, rows: np.ndarray) -> Any:
-        # Ray 2.60 reports a graph its actor's death tore down in two shapes besides its channel
-        # errors: submitting raises RuntimeError("DAG execution cancelled"), and a result its
-        # reader could not read comes back as the error object, which it fails to unpack
-        # (TypeError: "'RayChannelError' object is not iterable").
+        comes back as `RayTaskError`); `ChannelBroken` once the channel is known dead;
+        `ChannelTimeout` after `timeout_s` (a batch that has started still runs to its end)."""
+        if self._error is not None:
+            raise self._error
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        self._queue.put((variant, rows, timeout_s, future))
         try:
-            try:
-                future = await self._graph.execute_async(variant, rows)
-            except RuntimeError as exc:
-                raise ChannelBroken(f"the worker's graph is torn down ({exc})") from None
-            try:
-                out = await future
-            except TypeError as exc:
-                raise ChannelBroken(f"the channel to the worker failed ({exc})") from None
-        finally:
-            self._slots.release()
-        # The result may be a zero-copy view of the channel's buffer, which the next execution
-        # reuses: keep a copy (outputs are rows × classes, small).
-        return np.array(out, copy=True) if isinstance(out, np.ndarray) else out
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise ChannelTimeout(f"no result within {timeout_s:g} s") from None
 
     def fail(self, error: Exception) -> None:
         """Mark the channel dead: every waiting and later call raises `error`. Event loop only."""
-        if not self._broken.done():
-            self._broken.set_exception(error)
+        if self._error is None:
+            self._error = error
+        for future in list(self._pending):
+            if not future.done():
+                future.set_exception(self._error)
 
     def close(self) -> None:
-        """Tear the graph down (blocking: Ray waits for the actor's loop to stop; a dead actor
-        returns at once). Safe to call twice, from any thread."""
+        """Stop the thread and tear the graph down (blocking: Ray waits for the actor's loop to
+        stop; for a dead actor it returns at once, and a thread stuck on its result wakes)."""
         if self.closed:
             return
         self.closed = True
+        self._queue.put(None)
         self._graph.teardown()
+
+    # ---- the channel's thread -------------------------------------------------------------
+
+    def _serve(self) -> None:
+        import ray
+        from ray.exceptions import RayTaskError
+
+        while (item := self._queue.get()) is not None:
+            variant, rows, timeout_s, future = item
+            if future.done():  # its caller gave up, or the channel failed, before its turn
+                continue
+            try:
+                # Ray's own bound on a compiled result is 10 s (RAY_CGRAPH_get_timeout): the
+                # caller's, plus a margin, applies instead. Past it, the channel is given up.
+                out = ray.get(self._graph.execute(variant, rows), timeout=timeout_s + 5.0)
+                # It may be a zero-copy view of the channel's buffer, which the next execution
+                # reuses: keep a copy (outputs are rows × classes, small).
+                result = np.array(out, copy=True) if isinstance(out, np.ndarray) else out
+            except RayTaskError as exc:  # raised inside the actor: the pool maps it
+                self._loop.call_soon_threadsafe(_settle, future, None, exc)
+            except Exception as exc:
+                if self.closed:
+                    return
+                broken = ChannelBroken(f"the channel failed: {type(exc).__name__}: {exc}")
+                self._loop.call_soon_threadsafe(self.fail, broken)
+                return
+            else:
+                self._loop.call_soon_threadsafe(_settle, future, result, None)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # timed out meanwhile, or failed with the channel
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

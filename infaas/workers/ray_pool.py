@@ -51,16 +51,13 @@ import numpy as np
 from infaas.errors import InfaasError, Unavailable, VariantNotFound
 from infaas.settings import Settings
 from infaas.types import FleetEvent, Variant, WorkerInfo
-from infaas.workers.channel import ChannelBroken, ChannelTimeout, CompiledChannel, channel_errors
+from infaas.workers.channel import ChannelBroken, ChannelTimeout, CompiledChannel
 from infaas.workers.residency import EventLog, Residency, load_into, rss_mb
 
 __all__ = ["RayPool", "WorkerHost", "init_ray", "worker_group"]
 
 _MB = 1024.0 * 1024.0
 _RESTART_WAIT_S = 120.0  # a restarting TensorFlow worker takes seconds; a lost node never answers
-# Batches in flight on one worker's compiled channel (all its variants together): each slot is a
-# shared-memory buffer; more than a few only queue at the actor, which runs one batch at a time.
-_CHANNEL_SLOTS = 8
 
 
 def worker_group(variant: Variant) -> tuple[str, str]:
@@ -228,7 +225,8 @@ class _Worker:
     alive: bool = True
     incarnation: int = 0
     pid: int | None = None
-    channel: CompiledChannel | None = None  # the compiled data path, built at the first batch
+    channel: CompiledChannel | None = None  # the compiled data path, built with the first load
+    channel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def mirror(self, described: dict[str, Any]) -> None:
         self.loaded = OrderedDict((name, float(mb)) for name, mb in described["loaded"])
@@ -546,7 +544,7 @@ class RayPool:
         finally:
             worker.in_flight -= 1
         worker.mirror(described)
-        self._channel(worker)  # built with the load (a slow path anyway), not by the first batch
+        await self._channel(worker)  # built with the load (a slow path anyway), not by the first batch
         self._memory_seen_mb[variant.name] = float(described["memory_mb"])
         for name in described["evicted"]:
             self._events.add(
@@ -590,7 +588,7 @@ class RayPool:
         or a classic actor call when channels are off or the channel could not be built."""
         from ray.exceptions import RayTaskError
 
-        channel = self._channel(worker)
+        channel = await self._channel(worker)
         if channel is None:
             return await self._call(worker, incarnation, worker.handle.run.remote(variant, batch))
         try:
@@ -599,20 +597,20 @@ class RayPool:
             raise self._timed_out(worker) from None
         except RayTaskError as exc:
             raise self._task_error(worker, exc) from None
-        except channel_errors() as exc:
+        except ChannelBroken as exc:
             raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
 
-    def _channel(self, worker: _Worker) -> CompiledChannel | None:
-        if not self._compiled or not worker.alive:
-            return None
-        if worker.channel is None:
+    async def _channel(self, worker: _Worker) -> CompiledChannel | None:
+        """`worker`'s compiled channel, built on first use (once per actor incarnation); None for
+        classic calls."""
+        if worker.channel is not None or not self._compiled or not worker.alive:
+            return worker.channel if self._compiled else None
+        async with worker.channel_lock:
+            if worker.channel is not None or not worker.alive:
+                return worker.channel
+            incarnation = worker.incarnation
             try:
-                # Compiling waits for the actor to set up its loop (~150 ms here, once per worker
-                # incarnation); it must run in the event loop's thread.
-                worker.channel = CompiledChannel(worker.handle, _CHANNEL_SLOTS)
-                watch = asyncio.get_running_loop().create_task(self._watch(worker, worker.incarnation))
-                self._watches.add(watch)
-                watch.add_done_callback(self._watches.discard)
+                channel = await CompiledChannel.open(worker.handle, worker.worker_id)
             except Exception as exc:
                 self._compiled = False  # what failed once fails for every worker: say so once
                 self._events.add(
@@ -623,7 +621,14 @@ class RayPool:
                     f"{type(exc).__name__}: {exc}",
                 )
                 return None
-        return worker.channel
+            if worker.incarnation != incarnation:  # it died while compiling
+                await asyncio.to_thread(channel.close)
+                return None
+            worker.channel = channel
+            watch = asyncio.get_running_loop().create_task(self._watch(worker, incarnation))
+            self._watches.add(watch)
+            watch.add_done_callback(self._watches.discard)
+            return channel
 
     async def _watch(self, worker: _Worker, incarnation: int) -> None:
         """Report the death of `worker`'s actor as soon as Ray knows of it (see `WorkerHost.watch`)."""
