@@ -37,6 +37,9 @@ import numpy as np
 
 __all__ = ["ChannelBroken", "ChannelTimeout", "CompiledChannel"]
 
+# A thread woken by the teardown may spend up to 10 s asking Ray why the channel failed.
+_JOIN_TIMEOUT_S = 15.0
+
 
 class ChannelBroken(Exception):
     """The worker behind the channel died, or the channel failed: the batch's result is lost."""
@@ -61,7 +64,8 @@ class CompiledChannel:
         self._pending: set[asyncio.Future[Any]] = set()
         self._error: Exception | None = None
         self.closed = False
-        threading.Thread(target=self._serve, name=f"infaas-channel-{name}", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name=f"infaas-channel-{name}", daemon=True)
+        self._thread.start()
 
     @classmethod
     async def open(cls, handle: Any, name: str) -> CompiledChannel:
@@ -98,13 +102,14 @@ class CompiledChannel:
                 future.set_exception(self._error)
 
     def close(self) -> None:
-        """Stop the thread and tear the graph down (blocking: Ray waits for the actor's loop to
-        stop; for a dead actor it returns at once, and a thread stuck on its result wakes)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._queue.put(None)
-        self._graph.teardown()
+        """Tear the graph down and stop the thread (blocking: Ray waits for the actor's loop to
+        stop, and a thread waiting on a dead actor's result wakes with a channel error). Returns
+        once the thread is gone: one still inside Ray when Ray shuts down crashes the process."""
+        if not self.closed:
+            self.closed = True
+            self._queue.put(None)
+            self._graph.teardown()
+        self._thread.join(timeout=_JOIN_TIMEOUT_S)
 
     # ---- the channel's thread -------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import io
 import itertools
 import os
@@ -286,6 +287,7 @@ class RayPool:
         self._memory_seen_mb: dict[str, float] = {}
         self._restarts: set[asyncio.Task[None]] = set()
         self._watches: set[asyncio.Task[None]] = set()
+        self._dropped: list[CompiledChannel] = []  # channels of dead workers, torn down off the loop
         self._closed = False
 
     # ---- the WorkerPool protocol ------------------------------------------------------------
@@ -458,15 +460,22 @@ class RayPool:
             task.cancel()
         # Stop the graphs' loops while their actors live (a teardown that finds its actor killed
         # logs a traceback), then the actors.
-        channels = [w.channel for w in self._workers.values() if w.channel is not None]
+        channels = [w.channel for w in self._workers.values() if w.channel is not None] + self._dropped
         await asyncio.gather(*(asyncio.to_thread(c.close) for c in channels), return_exceptions=True)
         for worker in self._workers.values():
             try:
                 ray.kill(worker.handle, no_restart=True)
             except Exception as exc:  # an actor already gone is what we wanted
                 self._events.add("unload", "*", worker.worker_id, f"kill at shutdown failed: {exc}")
+        for worker in self._workers.values():
+            worker.channel = None
         self._workers.clear()
         self._artifacts.clear()
+        self._dropped.clear()
+        del channels
+        # A compiled graph collected after Ray has shut down crashes the process (its channels
+        # free Ray's shared-memory objects): collect them now, while Ray is up.
+        gc.collect()
         if self._owns_ray:
             ray.shutdown()
 
@@ -640,13 +649,14 @@ class RayPool:
             if not self._closed:
                 self._worker_lost(worker, incarnation, exc)
 
-    @staticmethod
-    def _drop_channel(worker: _Worker, reason: str) -> None:
+    def _drop_channel(self, worker: _Worker, reason: str) -> None:
         """Forget the channel of a worker whose actor died: its waiting batches fail over at once,
-        and the teardown (it blocks until Ray has stopped the actor's loop) runs off the loop."""
+        and the teardown (it blocks until Ray has stopped the actor's loop) runs off the loop;
+        `close` waits for it."""
         channel, worker.channel = worker.channel, None
         if channel is not None:
             channel.fail(ChannelBroken(reason))
+            self._dropped.append(channel)
             threading.Thread(target=channel.close, name="infaas-channel-teardown", daemon=True).start()
 
     # ---- failures ---------------------------------------------------------------------------
