@@ -117,12 +117,12 @@ async def test_batches_take_the_compiled_channel_and_match_the_classic_call(
     and leaves the channel serving; a classic-call pool answers the same."""
     root, variants, rows = zoo
     a = variants["lr-a"]
-    compiled = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=1)
-    classic = RayPool(
-        ray_session.model_copy(update={"worker_channel": "classic"}),
+    compiled = RayPool(
+        ray_session.model_copy(update={"worker_channel": "compiled"}),
         artifacts_dir=root,
         max_workers_per_family=1,
     )
+    classic = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=1)
     try:
         outs = await asyncio.gather(*(compiled.run(a, rows[i : i + 3]) for i in range(0, 180, 3)))
         np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:180]), rtol=1e-5, atol=1e-6)
@@ -207,10 +207,17 @@ async def test_batcher_over_ray_merges_requests_and_splits_outputs(ray_session: 
         await pool.close()
 
 
-async def test_a_worker_killed_mid_load_loses_no_request_silently(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("channel", ["classic", "compiled"])
+async def test_a_worker_killed_mid_load_loses_no_request_silently(
+    ray_session: Settings, zoo, channel: str
+) -> None:  # type: ignore[no-untyped-def]
     root, variants, rows = zoo
     a, b = variants["lr-a"], variants["lr-b"]
-    pool = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=2)
+    pool = RayPool(
+        ray_session.model_copy(update={"worker_channel": channel}),
+        artifacts_dir=root,
+        max_workers_per_family=2,
+    )
     try:
         await pool.run(a, rows[:1])
         pid = pool.worker_pid("onnxruntime-0")
@@ -248,17 +255,22 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(ray_session: S
         while not pool.fleet()[0].alive and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)
         np.testing.assert_allclose(await pool.run(a, rows[:2]), want_a[:2], rtol=1e-5, atol=1e-6)
-        assert all(w.channel == "compiled" for w in pool.fleet() if w.loaded), pool.fleet()
+        assert all(w.channel == channel for w in pool.fleet() if w.loaded), pool.fleet()
     finally:
         await pool.close()
 
 
-async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("channel", ["classic", "compiled"])
+async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Settings, zoo, channel: str) -> None:  # type: ignore[no-untyped-def]
     import ray
 
     root, variants, rows = zoo
     a = variants["lr-a"]
-    pool = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=2)
+    pool = RayPool(
+        ray_session.model_copy(update={"worker_channel": channel}),
+        artifacts_dir=root,
+        max_workers_per_family=2,
+    )
     try:
         await pool.ensure_loaded(a)
         await pool.replicate(a)
