@@ -612,8 +612,10 @@ class RayPool:
     async def _channel(self, worker: _Worker) -> CompiledChannel | None:
         """`worker`'s compiled channel, built on first use (once per actor incarnation); None for
         classic calls."""
-        if worker.channel is not None or not self._compiled or not worker.alive:
-            return worker.channel if self._compiled else None
+        if not self._compiled:
+            return None
+        if worker.channel is not None or not worker.alive:
+            return worker.channel
         async with worker.channel_lock:
             if worker.channel is not None or not worker.alive:
                 return worker.channel
