@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from infaas.errors import InfaasError
 from infaas.metering import MeterRecord
@@ -43,7 +44,16 @@ from infaas.types import FleetEvent, Profile, Variant
 from infaas.workers.placement import Placement
 from infaas.workers.residency import EventLog
 
-__all__ = ["Autoscaler", "Demand", "DemandWindow", "FleetCost", "capacity_rows_per_s"]
+__all__ = [
+    "Autoscaler",
+    "Demand",
+    "DemandSource",
+    "DemandWindow",
+    "FleetCost",
+    "as_demand",
+    "capacity_rows_per_s",
+    "merge_totals",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,31 +111,63 @@ class DemandWindow:
             b[5] += 1
         self.last_seen_s[record.variant] = max(self.last_seen_s.get(record.variant, 0.0), record.at_s)
 
-    def demand(self, variant: str, now_s: float) -> Demand:
+    def totals(self, variant: str, now_s: float) -> tuple[float, ...] | None:
+        """The window's sums for `variant` (rows, pressure rows, tightest target, highest accuracy,
+        Σ batch rows, answers), or None without traffic: what another front end merges
+        (`merge_totals`). Drops buckets older than the window."""
         buckets = self._buckets.get(variant)
         if not buckets:
-            return Demand()
+            return None
         oldest = int(now_s - self.window_s) + 1
         for second in [s for s in buckets if s < oldest]:
             del buckets[second]
         if not buckets:
-            return Demand()
-        rows, pressure, answers, batch_rows = 0.0, 0.0, 0.0, 0.0
-        target, accuracy = math.inf, 0.0
-        for b in buckets.values():
-            rows += b[0]
-            pressure += b[1]
-            target = min(target, b[2])
-            accuracy = max(accuracy, b[3])
-            batch_rows += b[4]
-            answers += b[5]
-        return Demand(
-            rows / self.window_s,
-            pressure / self.window_s,
-            target,
-            accuracy,
-            batch_rows / answers if answers else None,
-        )
+            return None
+        return merge_totals(tuple(b) for b in buckets.values())
+
+    def all_totals(self, now_s: float) -> dict[str, tuple[float, ...]]:
+        found = {name: self.totals(name, now_s) for name in list(self._buckets)}
+        return {name: t for name, t in found.items() if t is not None}
+
+    def demand(self, variant: str, now_s: float) -> Demand:
+        totals = self.totals(variant, now_s)
+        return as_demand(totals, self.window_s) if totals is not None else Demand()
+
+
+def merge_totals(parts: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
+    """Sums of several windows (or buckets): counts add, the tightest target and the highest
+    accuracy win."""
+    rows = pressure = batch_rows = answers = 0.0
+    target, accuracy = math.inf, 0.0
+    for p in parts:
+        rows += p[0]
+        pressure += p[1]
+        target = min(target, p[2])
+        accuracy = max(accuracy, p[3])
+        batch_rows += p[4]
+        answers += p[5]
+    return rows, pressure, target, accuracy, batch_rows, answers
+
+
+def as_demand(totals: tuple[float, ...], window_s: float) -> Demand:
+    rows, pressure, target, accuracy, batch_rows, answers = totals[:6]
+    return Demand(
+        rows / window_s,
+        pressure / window_s,
+        target,
+        accuracy,
+        batch_rows / answers if answers else None,
+    )
+
+
+class DemandSource(Protocol):
+    """What the autoscaler reads demand from: a `DemandWindow`, or `infaas.peers.Peers` merging
+    every front end's."""
+
+    @property
+    def last_seen_s(self) -> Mapping[str, float]: ...
+
+    def demand(self, variant: str, now_s: float) -> Demand: ...
 
 
 class FleetCost:
@@ -162,14 +204,15 @@ class Autoscaler:
     request per variant; `resources` (total, available) vCPUs and GPUs of the cluster, of which
     `reserved_cpus` are the front end's own. With `act` false it only accounts the fleet's cost
     (a static deployment, a baseline the benchmarks compare with; `config.actions` restricted to
-    replicate and remove is the other)."""
+    replicate and remove is the other). On a shared fleet `leader` says whether this front end
+    holds the autoscaler lease: the others observe and account, and do not act."""
 
     def __init__(
         self,
         placement: Placement,
         catalog: Callable[[], Catalog],
         tasks: Callable[[], dict[str, str]],
-        demand: DemandWindow,
+        demand: DemandSource,
         *,
         config: AutoscalingConfig | None = None,
         queue_age_ms: Callable[[str], float] = lambda _: 0.0,
@@ -178,6 +221,7 @@ class Autoscaler:
         interval_s: float = 1.0,
         reserved_cpus: float = 0.0,
         act: bool = True,
+        leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self._placement = placement
         self._catalog = catalog
@@ -188,6 +232,7 @@ class Autoscaler:
         self._resources = resources or _local_resources
         self._reserved_cpus = reserved_cpus
         self.act = act
+        self._leader = leader  # on a shared fleet, only the lease holder acts
         self._free = (math.inf, math.inf)  # until the first round has measured them
         self._clock = clock
         self._state = ScalingState()
@@ -274,7 +319,9 @@ class Autoscaler:
         now_s = self._clock()
         actions: list[Action] = []
         if self.act:
-            actions, self._state = decide(self.snapshot(now_s), self.config, self._state, now_s)
+            snapshot = self.snapshot(now_s)  # also what the router's optional loads are gated on
+            if self._leader():
+                actions, self._state = decide(snapshot, self.config, self._state, now_s)
         catalog = self._catalog()
         for action in actions:
             variant, profile = catalog[action.variant]

@@ -31,39 +31,63 @@ def serve(
     host: str | None = typer.Option(None, help="Bind address (default: INFAAS_HOST or 127.0.0.1)."),
     port: int | None = typer.Option(None, help="Port (default: INFAAS_PORT or 8000)."),
     demo: bool = typer.Option(False, "--demo", help="(Re)create tenant 'demo' and print a query to paste."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Front-end processes sharing the port and one fleet (default: one per 4 cores).",
+    ),
+    reuse_port: bool = typer.Option(False, "--reuse-port", hidden=True, help="Bind with SO_REUSEPORT."),
 ) -> None:
     """Run the service in the foreground."""
-    from infaas.api import create_app
-    from infaas.api.lifecycle import run
+    from infaas.api.auth import ensure_admin_key
+    from infaas.supervisor import default_front_ends, serve_front_ends
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = Settings(**overrides)  # type: ignore[arg-type]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # for TensorFlow, not read by infaas
-    application = create_app(settings)
+    front_ends = workers if workers is not None else default_front_ends()
     url = f"http://{settings.host}:{settings.port}"
-    admin = application.state.admin_key
-    console.print(f"[bold green]infaas[/] serving on [bold]{url}[/]  (data: {settings.data_dir})")
-    console.print(f"admin key: [bold]{admin}[/]  (also in {settings.admin_key_path})")
-    console.print(f"dashboard: {url}/dashboard   metrics: {url}/metrics   API docs: {url}/docs")
-    if demo:
-        key = _demo_tenant_key(application.state.store)
-        row = _example_digit_row()
-        body = {"task": "digits-classification", "inputs": [row], "latency_ms": 20, "min_accuracy": 0.95}
-        console.print("tenant [bold]demo[/] key: " + key)
-        console.print("try (a real 8×8 digit; infaas picks the cheapest variant meeting 20 ms and 95 %):")
-        console.print(
-            f"  curl -s -X POST {url}/v1/query -H 'Authorization: Bearer {key}' "
-            f"-H 'Content-Type: application/json' -d '{json.dumps(body)}'",
-            soft_wrap=True,
-        )
+    if not reuse_port:  # a front end started by `--workers N` leaves the banner to its supervisor
+        admin = ensure_admin_key(settings)
+        how = f", {front_ends} front ends" if front_ends > 1 else ""
+        console.print(f"[bold green]infaas[/] serving on [bold]{url}[/]  (data: {settings.data_dir}{how})")
+        console.print(f"admin key: [bold]{admin}[/]  (also in {settings.admin_key_path})")
+        console.print(f"dashboard: {url}/dashboard   metrics: {url}/metrics   API docs: {url}/docs")
+        _print_first_steps(settings, url, demo)
+    if front_ends > 1:
+        code = serve_front_ends(settings, front_ends)
     else:
-        console.print(
-            f"create a tenant: infaas tenants are made with POST {url}/v1/admin/tenants (admin key)"
-        )
-    code = run(application, settings)
+        from infaas.api import create_app
+        from infaas.api.lifecycle import run
+
+        code = run(create_app(settings), settings, reuse_port=reuse_port)
     if code:
         raise typer.Exit(code)
-    console.print("infaas stopped: requests drained, usage flushed")
+    if not reuse_port:
+        console.print("infaas stopped: requests drained, usage flushed")
+
+
+def _print_first_steps(settings: Settings, url: str, demo: bool) -> None:
+    if not demo:
+        console.print(f"create a tenant: POST {url}/v1/admin/tenants with the admin key")
+        return
+    from infaas.store import open_store
+
+    store = open_store(settings)
+    try:
+        key = _demo_tenant_key(store)
+    finally:
+        store.close()
+    row = _example_digit_row()
+    body = {"task": "digits-classification", "inputs": [row], "latency_ms": 20, "min_accuracy": 0.95}
+    console.print("tenant [bold]demo[/] key: " + key)
+    console.print("try (a real 8×8 digit; infaas picks the cheapest variant meeting 20 ms and 95 %):")
+    console.print(
+        f"  curl -s -X POST {url}/v1/query -H 'Authorization: Bearer {key}' "
+        f"-H 'Content-Type: application/json' -d '{json.dumps(body)}'",
+        soft_wrap=True,
+    )
 
 
 def _demo_tenant_key(store: MetadataStore) -> str:

@@ -32,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from infaas.artifacts import open_artifacts
 from infaas.errors import (
     Conflict,
     Forbidden,
@@ -165,6 +166,7 @@ class Registry:
         self.settings = settings
         self.store = store
         self.profiler = profiler
+        self.artifacts = open_artifacts(settings)
         self._probe: ProviderProbe = probe if probe is not None else OrtProviderProbe()
         self._clock = clock
         self._lock = threading.Lock()
@@ -441,6 +443,9 @@ class Registry:
                 created_at_s=now_s,
                 version=version,
             )
+            # Every node can fetch a variant the store lists (a no-op for the local artifact store).
+            for built in result.variants:
+                self.artifacts.publish(built)
             with self.labels_lock:
                 labels = self.store.get_labels(name) or Labels(architecture=name)
                 labels = labels.model_copy(update={"states": {**labels.states, version: "ready"}})
@@ -468,6 +473,14 @@ class Registry:
             profiles=profiles,
             notes=result.notes,
         )
+
+    def publish_artifacts(self) -> int:
+        """Publish every stored variant whose artifact this data directory holds (what was
+        registered before the artifact store was shared); returns how many were checked."""
+        found = [v for v in self.store.list_variants() if (self.settings.artifacts_dir / v.artifact).exists()]
+        for variant in found:
+            self.artifacts.publish(variant)
+        return len(found)
 
     def remove_artifacts(self, candidates: Sequence[str]) -> int:
         """Delete the content-addressed folders of `candidates` (artifact paths) that no stored

@@ -144,6 +144,40 @@ class Settings(BaseSettings):
     worker_call_timeout_s: float = Field(
         default=60.0, gt=0, description="Bound on one call to a Ray worker (a load or a batch)."
     )
+    artifact_store: Literal["auto", "local", "redis"] = Field(
+        default="auto",
+        description="Where workers get artifacts: local (the data directory; one machine) or redis (the "
+        "shared store; any node of a cluster). auto: redis when INFAAS_REDIS_URL is set.",
+    )
+    fast_path_max_ms: float = Field(
+        default=0.25,
+        ge=0,
+        description="Variants whose profiled single-row p99 is below this run in the front end itself, "
+        "not on a Ray worker (the hop costs more than they do); 0: every variant runs on Ray workers.",
+    )
+    fleet_namespace: str = Field(
+        default="infaas",
+        min_length=1,
+        description="Ray namespace of the shared fleet's named workers (with INFAAS_RAY_ADDRESS).",
+    )
+    fleet_sync_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="With INFAAS_RAY_ADDRESS: how often a front end re-reads the shared fleet (workers "
+        "and what they hold) and exchanges demand with the other front ends through the store.",
+    )
+    front_end_name: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="This front end's name among several on one data dir (`serve --workers` sets it): "
+        "names its usage journal; empty: the data dir's single journal.",
+    )
+    gpu_per_worker: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Share of a GPU each GPU worker actor requests, so Ray places it on a GPU node.",
+    )
     require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
 
     @field_validator("autoscale_actions", mode="after")
@@ -170,7 +204,14 @@ class Settings(BaseSettings):
 
     @property
     def journal_path(self) -> Path:
-        return self.data_dir / "usage-journal"
+        journal = self.data_dir / "usage-journal"
+        return journal / self.front_end_name if self.front_end_name else journal
+
+    @property
+    def shared_fleet(self) -> bool:
+        """Whether other front ends may share this one's Ray workers: true when it joins a Ray
+        cluster (`ray_address`) rather than starting its own."""
+        return self.ray_address is not None
 
     @property
     def admin_key_path(self) -> Path:

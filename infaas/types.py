@@ -30,6 +30,7 @@ __all__ = [
     "Architecture",
     "Decision",
     "FleetEvent",
+    "FrontEndInfo",
     "Hardware",
     "InputSpec",
     "Job",
@@ -465,6 +466,17 @@ class WorkerInfo(_Value):
     queue_depth: int = 0
     pid: int | None = None  # the worker's OS process (None until it answered once)
     channel: Literal["compiled", "classic", "inline"] = "classic"  # how batches reach it
+    node: str | None = None  # the Ray node it runs on (None: the front end's own process)
+
+
+class FrontEndInfo(_Value):
+    """One front end of a shared fleet, as it last told the others through the store."""
+
+    name: str
+    at_s: float  # when it last reported (wall clock)
+    leader: bool = False  # holds the autoscaler lease
+    # Per variant, its demand window's totals (`infaas.autoscaler.DemandWindow.totals`).
+    demand: dict[str, tuple[float, ...]] = Field(default_factory=dict)
 
 
 class FleetEvent(_Value):

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -41,6 +43,7 @@ from infaas.jobs import JobRunner
 from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
 from infaas.metrics import Metrics
+from infaas.peers import Peers
 from infaas.periodic import Periodic
 from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.quarantine import Quarantine
@@ -53,7 +56,7 @@ from infaas.trace_recorder import TraceRecorder
 from infaas.types import MachineInfo
 from infaas.versions import Versions
 from infaas.workers.base import WorkerPool
-from infaas.workers.inprocess import InProcessPool
+from infaas.workers.inprocess import InProcessPool, artifact_loader
 from infaas.workers.placement import Placement
 from profiler.process import ProcessProfiler
 
@@ -113,14 +116,24 @@ def create_app(
         # The query path: worker pool (a lean local Ray unless settings.ray_address) → batcher →
         # router; the meter flushes usage in the background and once more at shutdown.
         resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None
+        sync: Callable[[], Awaitable[None]] | None = None
+        if settings.redis_url and app.state.registry.artifacts.shared:
+            # Artifacts registered before the store was shared become fetchable by every node.
+            await asyncio.to_thread(app.state.registry.publish_artifacts)
         if pool is None:
             from infaas.workers.ray_pool import RayPool  # only this path imports ray
 
             ray_pool = RayPool(settings)
             resources = ray_pool.resources
-            # Variants faster than the Ray hop (~10 µs ONNX models) answer in the front end.
             the_pool: WorkerPool = ray_pool
-            placement = Placement(ray_pool, InProcessPool(settings.artifacts_dir, memory_budget_mb=256.0))
+            # Variants faster than the Ray hop (~10 µs ONNX models) answer in the front end.
+            fast_path = (
+                InProcessPool(loader=artifact_loader(app.state.registry.artifacts), memory_budget_mb=256.0)
+                if settings.fast_path_max_ms > 0
+                else None
+            )
+            placement = Placement(ray_pool, fast_path, inline_max_ms=settings.fast_path_max_ms)
+            sync = ray_pool.sync
         else:
             the_pool = pool
             placement = Placement.wrap(pool)
@@ -141,9 +154,19 @@ def create_app(
         the_router.refresh()
         the_router.start()
         the_router.warm_up()
-        # Replicates, upgrades, downgrades and unloads from the demand the meter sees.
+        # Replicates, upgrades, downgrades and unloads from the demand the meter sees; on a shared
+        # fleet, from every front end's, and only while this one holds the autoscaler lease.
         demand = DemandWindow()
         meter.add_listener(demand.listener)
+        peers: Peers | None = None
+        if settings.shared_fleet:
+            name = settings.front_end_name or "fe"
+            peers = Peers(
+                the_store,
+                f"{name}@{socket.gethostname()}:{os.getpid()}",
+                demand,
+                interval_s=settings.fleet_sync_interval_s,
+            )
         autoscaler = Autoscaler(
             placement,
             lambda: the_router.snapshot.variants,
@@ -153,7 +176,7 @@ def create_app(
                 for a in the_router.snapshot.architectures.values()
                 if a.name in the_router.snapshot.serving
             },
-            demand,
+            peers if peers is not None else demand,
             config=AutoscalingConfig(
                 target_utilization=settings.autoscale_target_utilization,
                 max_replicas=settings.max_replicas_per_variant,
@@ -167,7 +190,21 @@ def create_app(
             reserved_cpus=settings.front_end_cpus,
             interval_s=settings.autoscale_interval_s,
             act=settings.autoscale,
+            leader=(lambda: peers.leader) if peers is not None else (lambda: True),
         )
+        fleet_sync: Periodic | None = None
+        if peers is not None:
+            await peers.tick()
+            shared_sync = sync
+
+            async def sync_round() -> None:
+                await peers.tick()
+                if shared_sync is not None:
+                    await shared_sync()
+
+            fleet_sync = Periodic("fleet-sync", settings.fleet_sync_interval_s, sync_round)
+            fleet_sync.start()
+        app.state.peers = peers
         if settings.autoscale_interval_s > 0:
             if settings.autoscale:
                 the_router.load_gate = autoscaler.admit_load
@@ -205,6 +242,10 @@ def create_app(
             yield
         finally:
             await watchdog.close()
+            if fleet_sync is not None:
+                await fleet_sync.close()
+            if peers is not None:
+                await peers.close()
             if recording is not None:
                 await recording.close()
                 recorder.flush()

@@ -171,8 +171,10 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
 
-def run(app: FastAPI, settings: Settings) -> int:
-    """Serve `app` until stopped; returns the process exit code (0 after a signal's clean stop)."""
+def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
+    """Serve `app` until stopped; returns the process exit code (0 after a signal's clean stop).
+    `reuse_port`: bind with SO_REUSEPORT, so that several front-end processes share the port and
+    the kernel spreads connections over them (`infaas serve --workers N`)."""
     gate = DrainGate(app)
     app.state.readiness_checks["accepting"] = lambda: not gate.draining
     config = uvicorn.Config(
@@ -187,5 +189,17 @@ def run(app: FastAPI, settings: Settings) -> int:
     )
     server = Server(config, gate, settings.drain_timeout_s)
     app.state.stop_server = server.stop
-    server.run()
+    server.run(sockets=[reuse_port_socket(settings.host, settings.port)] if reuse_port else None)
     return server.exit_code
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket bound with SO_REUSEPORT (Linux, BSD)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from infaas.errors import Conflict, TenantNotFound
 from infaas.types import (
     Architecture,
+    FrontEndInfo,
     Job,
     Labels,
     Profile,
@@ -38,7 +39,7 @@ UsageMark = tuple[str, int]
 """(source, seq): which usage journal a batch of counters comes from, and the last entry it holds."""
 
 # Document kinds: one namespace each.
-TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS, JOB = (
+TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS, JOB, FRONT_END = (
     "task",
     "arch",
     "variant",
@@ -50,6 +51,7 @@ TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS,
     "labels",
     "targets",
     "job",
+    "front_end",
 )
 
 
@@ -125,6 +127,19 @@ class MetadataStore(Protocol):
         """Usage rows in [from_minute, to_minute], optionally for one tenant, sorted by key."""
         ...
 
+    def put_front_end(self, info: FrontEndInfo) -> None: ...
+    def list_front_ends(self) -> list[FrontEndInfo]: ...
+    def delete_front_end(self, name: str) -> None: ...
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take the lease `name` for `holder`, or renew it when `holder` has it, for `ttl_s`
+        seconds; True when `holder` holds it now. One holder at a time, atomically."""
+        ...
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up if `holder` has it (a clean stop: the next holder need not wait)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -158,6 +173,12 @@ class DocumentStore(abc.ABC):
     def usage(
         self, tenant: str | None = None, from_minute: int | None = None, to_minute: int | None = None
     ) -> list[UsageRecord]: ...
+
+    @abc.abstractmethod
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool: ...
+
+    @abc.abstractmethod
+    def release_lease(self, name: str, holder: str) -> None: ...
 
     def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release connections; the default backend holds none."""
@@ -296,3 +317,12 @@ class DocumentStore(abc.ABC):
         digest = self.get_doc(TENANT_KEY, name)
         if digest is not None:
             self.delete_docs(KEY, digest, exact=True)
+
+    def put_front_end(self, info: FrontEndInfo) -> None:
+        self.put_docs([(FRONT_END, info.name, info.model_dump_json())])
+
+    def list_front_ends(self) -> list[FrontEndInfo]:
+        return self._list(FrontEndInfo, FRONT_END)
+
+    def delete_front_end(self, name: str) -> None:
+        self.delete_docs(FRONT_END, name, exact=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -18,6 +19,7 @@ class MemoryStore(DocumentStore):
         self._docs: dict[str, dict[str, str]] = defaultdict(dict)
         self._usage: dict[tuple[str, str, str, int], dict[str, int]] = {}
         self._marks: dict[str, int] = {}
+        self._leases: dict[str, tuple[str, float]] = {}  # name → (holder, expires at, monotonic)
 
     def put_docs(self, docs: Iterable[tuple[str, str, str]]) -> None:
         items = list(docs)
@@ -70,3 +72,17 @@ class MemoryStore(DocumentStore):
             and (from_minute is None or m >= from_minute)
             and (to_minute is None or m <= to_minute)
         ]
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            current = self._leases.get(name)
+            if current is not None and current[0] != holder and current[1] > now:
+                return False
+            self._leases[name] = (holder, now + ttl_s)
+            return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self._lock:
+            if self._leases.get(name, ("", 0.0))[0] == holder:
+                del self._leases[name]

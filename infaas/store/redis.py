@@ -53,6 +53,20 @@ return 1
 """
 
 
+# Take or renew a lease: KEYS[1] the lease, ARGV holder and TTL in ms; the server's clock expires it.
+_ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class RedisStore(DocumentStore):
     """`timeout_s` bounds every call (connect and each reply): a Redis that stops answering makes
     a call fail with `StoreError` in that time instead of hanging the caller."""
@@ -77,6 +91,8 @@ class RedisStore(DocumentStore):
             ) from exc
         self._delete_prefix = self._r.register_script(_DELETE_PREFIX)
         self._add_marked = self._r.register_script(_ADD_MARKED)
+        self._acquire = self._r.register_script(_ACQUIRE)
+        self._release = self._r.register_script(_RELEASE)
 
     def _docs_key(self, kind: str) -> str:
         return f"{self.ns}:doc:{kind}"
@@ -160,6 +176,14 @@ class RedisStore(DocumentStore):
 
         result: list[UsageRecord] = self._run("usage read", read)
         return result
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        keys = [f"{self.ns}:lease:{name}"]
+        args: list[str | int] = [holder, max(1, int(ttl_s * 1000))]
+        return bool(self._run("lease", lambda: self._acquire(keys=keys, args=args)))
+
+    def release_lease(self, name: str, holder: str) -> None:
+        self._run("lease", lambda: self._release(keys=[f"{self.ns}:lease:{name}"], args=[holder]))
 
     def flush_namespace(self) -> None:
         """Delete every key of this namespace (tests use a namespace of their own)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,9 @@ CREATE TABLE IF NOT EXISTS usage (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_by_minute ON usage (minute);
 CREATE TABLE IF NOT EXISTS usage_marks (source TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_s REAL NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -159,6 +163,23 @@ class SQLiteStore(DocumentStore):
             UsageRecord(key=UsageKey(tenant=t, task=task, variant=v, minute=m), counters=c)
             for (t, task, v, m), c in grouped.items()
         ]
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        # Wall clock: the processes sharing a SQLite file share the machine's clock.
+        now = time.time()
+        with self._write() as conn:
+            row = conn.execute("SELECT holder, expires_s FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] != holder and float(row[1]) > now:
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO leases (name, holder, expires_s) VALUES (?, ?, ?)",
+                (name, holder, now + ttl_s),
+            )
+            return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
 
     def close(self) -> None:
         with self._lock:

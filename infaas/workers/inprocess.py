@@ -18,12 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from infaas.artifacts import ArtifactStore, LocalArtifacts
 from infaas.errors import Unavailable
 from infaas.types import FleetEvent, Variant, WorkerInfo
 from infaas.workers.residency import EventLog, Residency, load_into
 from variants.runtimes.base import LoadedModel
 
-__all__ = ["EchoModel", "InProcessPool", "RecordingPool", "echo_outputs"]
+__all__ = ["EchoModel", "InProcessPool", "RecordingPool", "artifact_loader", "echo_outputs"]
 
 WORKER_ID = "inprocess-0"
 
@@ -171,10 +172,16 @@ class InProcessPool:
 
 
 def _artifact_loader(artifacts_dir: Path) -> Callable[[Variant], LoadedModel]:
+    return artifact_loader(LocalArtifacts(artifacts_dir))
+
+
+def artifact_loader(artifacts: ArtifactStore) -> Callable[[Variant], LoadedModel]:
+    """Load variants from `artifacts` (fetched into this node's cache when not local)."""
+
     def load(variant: Variant) -> LoadedModel:
         from variants.runtimes import load_variant
 
-        return load_variant(variant, artifacts_dir)
+        return load_variant(variant, artifacts.root(variant))
 
     return load
 

@@ -18,9 +18,19 @@ Memory
     load would exceed it (`infaas.workers.residency`).
 
 Artifacts
-    Travel through Ray's object store, not a shared filesystem: the front end reads a variant's
-    artifact (a file, or a SavedModel directory as a tar) once, `ray.put`s the bytes, and the actor
-    writes them into its own cache directory before `variants.runtimes.load_variant`.
+    Never through a shared filesystem. With a shared artifact store (`infaas.artifacts`, Redis) the
+    worker fetches the artifact by content hash into its node's cache; with the local one (one
+    machine) the front end reads it once, `ray.put`s the bytes, and the actor writes them into its
+    own cache directory before `variants.runtimes.load_variant`.
+
+One fleet per cluster
+    Joined to a Ray cluster (`Settings.shared_fleet`), workers are named, detached actors in the
+    `fleet_namespace` (``worker:<group>-<slot>``), created with `get_if_exists`: every front end
+    on the cluster uses the same workers, and the workers, not any front end, hold the placement
+    (what is loaded where). Each front end mirrors it (`sync`, every `fleet_sync_interval_s` and
+    before any load), so a variant loaded by one front end serves them all, and a front end that
+    stops leaves the fleet running for the others. Batches use classic actor calls there (a
+    compiled graph binds an actor to one driver).
 
 Failures
     Actors restart after a crash (`max_restarts`) with nothing loaded. A batch lost with its worker
@@ -34,11 +44,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import io
 import itertools
 import os
 import shutil
-import tarfile
 import tempfile
 import threading
 import time
@@ -49,7 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from infaas.errors import InfaasError, Unavailable, VariantNotFound
+from infaas.artifacts import ArtifactStore, LocalArtifacts, RedisArtifacts, open_artifacts, pack, unpack
+from infaas.errors import InfaasError, Unavailable
 from infaas.settings import Settings
 from infaas.types import FleetEvent, Variant, WorkerInfo
 from infaas.workers.channel import ChannelBroken, ChannelTimeout, CompiledChannel
@@ -62,13 +71,20 @@ _RESTART_WAIT_S = 120.0  # a restarting TensorFlow worker takes seconds; a lost 
 
 
 def worker_group(variant: Variant) -> tuple[str, str]:
-    """(group key, family) of the workers that may host `variant`."""
+    """(group key, family) of the workers that may host `variant`. GPU variants get workers of
+    their own, which request a GPU share so that Ray places them on a GPU node."""
     runtime = variant.spec.runtime
     if runtime == "tensorflow":
         return f"tensorflow-t{variant.spec.threads}", "tensorflow"
     if runtime == "tensorrt":
         return "tensorrt", "tensorrt"
+    if variant.spec.hardware == "gpu":
+        return f"{runtime}-gpu", runtime
     return runtime, runtime
+
+
+def _gpu_group(group: str) -> bool:
+    return group == "tensorrt" or group.endswith("-gpu")
 
 
 def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
@@ -111,21 +127,21 @@ def _import_runtime(family: str) -> None:
         import onnxruntime  # noqa: F401
 
 
-def _pack_artifact(path: Path) -> tuple[bytes, bool]:
-    """Bytes of a file artifact, or an uncompressed tar of a directory artifact (SavedModel)."""
-    if path.is_dir():
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(str(path), arcname=".")
-        return buf.getvalue(), True
-    return path.read_bytes(), False
-
-
 class WorkerHost:
     """The body of one worker actor (wrapped by `ray.remote` in `RayPool`)."""
 
-    def __init__(self, worker_id: str, family: str, memory_budget_mb: float) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        group: str,
+        family: str,
+        memory_budget_mb: float,
+        artifacts: RedisArtifacts | None = None,
+    ) -> None:
         self._worker_id = worker_id
+        self._group = group
+        self._family = family
+        self._artifacts = artifacts  # a shared store: fetch by hash (else the front end sends bytes)
         # A restarted actor runs __init__ again: start from an empty cache, nothing loaded.
         self._cache = Path(tempfile.gettempdir()) / f"infaas-worker-{worker_id}"
         shutil.rmtree(self._cache, ignore_errors=True)
@@ -142,35 +158,46 @@ class WorkerHost:
             return self._describe()
 
     def _describe(self) -> dict[str, Any]:
+        import ray
+
         r = self._residency
         return {
+            "group": self._group,
+            "family": self._family,
+            "node": ray.get_runtime_context().get_node_id(),
+            "fetched": list(self._artifacts.fetched) if self._artifacts is not None else [],
             "pid": os.getpid(),
             "loaded": [(name, r.memory_mb(name)) for name in r.names],
             "used_mb": r.used_mb,
             "baseline_mb": r.baseline_mb,
         }
 
-    def load(self, variant_json: str, artifact: bytes, is_dir: bool, expected_mb: float) -> dict[str, Any]:
+    def load(
+        self, variant_json: str, artifact: bytes | None, is_dir: bool, expected_mb: float
+    ) -> dict[str, Any]:
+        """Load a variant from `artifact`'s bytes, or (None) from the shared artifact store."""
         with self._lock:
             return self._load(Variant.model_validate_json(variant_json), artifact, is_dir, expected_mb)
 
-    def _load(self, variant: Variant, artifact: bytes, is_dir: bool, expected_mb: float) -> dict[str, Any]:
+    def _load(
+        self, variant: Variant, artifact: bytes | None, is_dir: bool, expected_mb: float
+    ) -> dict[str, Any]:
+        from variants.artifacts import tree_size_bytes
         from variants.runtimes import load_variant
 
         evicted: list[str] = []
         load_s = 0.0
         memory_mb = self._residency.memory_mb(variant.name)
         if variant.name not in self._residency:
-            root = self._cache / variant.sha256
-            target = root / variant.artifact
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if is_dir:
-                target.mkdir(exist_ok=True)
-                with tarfile.open(fileobj=io.BytesIO(artifact), mode="r") as tar:
-                    tar.extractall(target, filter="data")
+            if artifact is None:
+                if self._artifacts is None:
+                    raise Unavailable(f"worker {self._worker_id} got no artifact for {variant.name}")
+                root = self._artifacts.root(variant)  # the node's cache: kept after an eviction
+                size_mb = tree_size_bytes(root / variant.artifact) / _MB
             else:
-                target.write_bytes(artifact)
-            size_mb = len(artifact) / _MB
+                root = self._cache / variant.sha256
+                unpack(artifact, is_dir, root / variant.artifact)
+                size_mb = len(artifact) / _MB
             loaded = load_into(
                 self._residency,
                 variant.name,
@@ -179,7 +206,8 @@ class WorkerHost:
                 size_mb,
             )
             load_s, memory_mb = loaded.load_s, loaded.memory_mb
-            self._roots[variant.name] = root
+            if artifact is not None:
+                self._roots[variant.name] = root
             evicted += self._drop(loaded.evicted)
         return {**self._describe(), "evicted": evicted, "load_s": load_s, "memory_mb": memory_mb}
 
@@ -229,10 +257,13 @@ class _Worker:
     channel: CompiledChannel | None = None  # the compiled data path, built with the first load
     channel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    node: str | None = None
+
     def mirror(self, described: dict[str, Any]) -> None:
         self.loaded = OrderedDict((name, float(mb)) for name, mb in described["loaded"])
         self.used_mb = float(described["used_mb"])
         self.pid = int(described["pid"])
+        self.node = str(described["node"])
 
 
 class _WorkerLost(Exception):
@@ -259,7 +290,9 @@ class RayPool:
     ) -> None:
         import ray
 
-        self._artifacts_dir = artifacts_dir or settings.artifacts_dir
+        self._store: ArtifactStore = (
+            LocalArtifacts(artifacts_dir) if artifacts_dir is not None else open_artifacts(settings)
+        )
         self._budget_mb = memory_budget_mb or settings.worker_memory_budget_mb
         self._owns_ray = init_ray(settings, num_cpus=num_cpus)
         # Workers per family: as many as the cluster has CPUs unless set (each worker runs its
@@ -268,7 +301,10 @@ class RayPool:
         cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)  # type: ignore[no-untyped-call]
         self._max_workers = cap or max(1, int(cpus))
         self._call_timeout_s = settings.worker_call_timeout_s
-        self._compiled = settings.worker_channel == "compiled"
+        self._shared = settings.shared_fleet
+        self._namespace = settings.fleet_namespace
+        self._gpu_share = settings.gpu_per_worker
+        self._compiled = settings.worker_channel == "compiled" and not self._shared
         # Threads are explicit per variant, so the actors reserve no logical CPU (0 by default)
         # and spread over the cluster's nodes; a crashed actor restarts, its tasks are not retried
         # by Ray (the pool decides where a lost batch goes). `watch` runs in a group of its own.
@@ -288,6 +324,7 @@ class RayPool:
         self._restarts: set[asyncio.Task[None]] = set()
         self._watches: set[asyncio.Task[None]] = set()
         self._dropped: list[CompiledChannel] = []  # channels of dead workers, torn down off the loop
+        self._sync_lock = asyncio.Lock()
         self._closed = False
 
     # ---- the WorkerPool protocol ------------------------------------------------------------
@@ -404,6 +441,7 @@ class RayPool:
                 queue_depth=w.in_flight,
                 pid=w.pid,
                 channel="compiled" if w.channel is not None else "classic",
+                node=w.node,
             )
             for w in self._workers.values()
         ]
@@ -462,7 +500,8 @@ class RayPool:
         # logs a traceback), then the actors.
         channels = [w.channel for w in self._workers.values() if w.channel is not None] + self._dropped
         await asyncio.gather(*(asyncio.to_thread(c.close) for c in channels), return_exceptions=True)
-        for worker in self._workers.values():
+        # A shared fleet outlives any one front end: its workers stay for the others.
+        for worker in [] if self._shared else self._workers.values():
             try:
                 ray.kill(worker.handle, no_restart=True)
             except Exception as exc:  # an actor already gone is what we wanted
@@ -520,16 +559,74 @@ class RayPool:
         return min(fallback, key=lambda w: w.in_flight) if fallback else None
 
     def _spawn(self, group: str, family: str) -> _Worker:
-        worker_id = f"{group}-{next(self._ids)}"
-        handle = self._actor_cls.remote(worker_id, family, self._budget_mb)
+        """A new worker of `group`; in a shared fleet, the named worker of the group's lowest free
+        slot (or, when another front end made it meanwhile, that one: `get_if_exists`)."""
+        options: dict[str, Any] = {"num_gpus": self._gpu_share} if _gpu_group(group) else {}
+        if self._shared:
+            slots = (f"{group}-{i}" for i in itertools.count())
+            worker_id = next(w for w in slots if w not in self._workers)
+            options.update(
+                name=f"worker:{worker_id}", namespace=self._namespace, lifetime="detached", get_if_exists=True
+            )
+        else:
+            worker_id = f"{group}-{next(self._ids)}"
+        # Workers fetch from a shared artifact store themselves; else the front end sends bytes.
+        fetcher = self._store if isinstance(self._store, RedisArtifacts) else None
+        handle = self._actor_cls.options(**options).remote(worker_id, group, family, self._budget_mb, fetcher)
         worker = _Worker(worker_id=worker_id, group=group, family=family, handle=handle)
         self._workers[worker_id] = worker
         return worker
+
+    async def sync(self) -> None:
+        """Shared fleet: adopt the workers other front ends started, forget those gone for good,
+        and mirror what every worker holds now. A worker busy loading answers late: it keeps the
+        state it had (the data path corrects a stale entry by retrying elsewhere)."""
+        if not self._shared or self._closed:
+            return
+        import ray
+
+        async with self._sync_lock:
+            names = await asyncio.to_thread(self._named_workers)
+            for worker_id in names - self._workers.keys():
+                try:
+                    handle = await asyncio.to_thread(
+                        ray.get_actor, f"worker:{worker_id}", namespace=self._namespace
+                    )
+                    described: dict[str, Any] = await asyncio.wait_for(handle.describe.remote(), 10.0)
+                except Exception:  # gone again, or still starting: the next round sees it
+                    continue
+                if worker_id in self._workers:  # spawned here meanwhile
+                    continue
+                found = _Worker(worker_id, str(described["group"]), str(described["family"]), handle)
+                found.mirror(described)
+                self._workers[worker_id] = found
+            known = [w for w in self._workers.values() if w.alive]
+            answers = await asyncio.gather(
+                *(asyncio.wait_for(w.handle.describe.remote(), 2.0) for w in known), return_exceptions=True
+            )
+            for worker, answer in zip(known, answers, strict=True):
+                if isinstance(answer, dict):
+                    worker.mirror(answer)
+                elif worker.worker_id not in names:  # killed for good (by an operator, a fleet-down)
+                    self._workers.pop(worker.worker_id, None)
+
+    def _named_workers(self) -> set[str]:
+        import ray
+
+        prefix = "worker:"
+        return {
+            a["name"][len(prefix) :]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == self._namespace and a["name"].startswith(prefix)
+        }
 
     async def _load_on_demand(self, variant: Variant, avoid: set[str]) -> _Worker:
         group, family = worker_group(variant)
         async with self._lock(variant.name):
             worker = self._replica(variant.name, avoid)
+            if worker is None and self._shared:
+                await self.sync()  # another front end may have loaded it
+                worker = self._replica(variant.name, avoid)
             if worker is not None:
                 return worker  # loaded by a concurrent request while this one waited
             worker = self._choose_worker(group, family, variant.name, avoid)
@@ -572,20 +669,18 @@ class RayPool:
         )
 
     async def _artifact(self, variant: Variant) -> tuple[Any, bool]:
-        """The artifact in Ray's object store (put once per content hash and path)."""
+        """What a worker loads `variant` from: nothing when workers fetch from a shared artifact
+        store, else the artifact's bytes in Ray's object store (put once per content hash and path)."""
+        if self._store.shared:
+            return None, False
         key = f"{variant.sha256}:{variant.artifact}"
         cached = self._artifacts.get(key)
         if cached is not None:
             return cached
-        path = self._artifacts_dir / variant.artifact
-        if not path.exists():
-            raise VariantNotFound(
-                f"artifact of {variant.name} is missing at {path}; re-register the architecture",
-                variant=variant.name,
-            )
         import ray
 
-        data, is_dir = await asyncio.to_thread(_pack_artifact, path)
+        root = await asyncio.to_thread(self._store.root, variant)
+        data, is_dir = await asyncio.to_thread(pack, root / variant.artifact)
         entry = (ray.put(data), is_dir)
         self._artifacts[key] = entry
         return entry

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from infaas.store.base import DocumentStore, hash_key
 from infaas.store.redis import RedisStore
 from infaas.types import (
     Architecture,
+    FrontEndInfo,
     InputSpec,
     Labels,
     LatencyPoint,
@@ -280,3 +282,27 @@ def test_data_survives_a_process_restart(backend: tuple[str, str]) -> None:
     store = open_backend(kind, location)
     assert store.get_task("digits-classification") == make_task()
     assert store.tenant_for_key("k1") is not None
+
+
+def test_a_lease_has_one_holder_until_it_expires_or_is_released(store: DocumentStore) -> None:
+    assert store.acquire_lease("autoscaler", "fe-a", ttl_s=0.4)
+    assert not store.acquire_lease("autoscaler", "fe-b", ttl_s=0.4)
+    assert store.acquire_lease("autoscaler", "fe-a", ttl_s=0.4)  # a renewal
+    assert store.acquire_lease("other", "fe-b", ttl_s=0.4)  # leases are independent
+    time.sleep(0.6)
+    assert store.acquire_lease("autoscaler", "fe-b", ttl_s=30)  # expired: taken over
+    store.release_lease("autoscaler", "fe-a")  # not the holder: no effect
+    assert not store.acquire_lease("autoscaler", "fe-a", ttl_s=30)
+    store.release_lease("autoscaler", "fe-b")
+    assert store.acquire_lease("autoscaler", "fe-a", ttl_s=30)
+
+
+def test_front_ends_report_and_leave(store: DocumentStore) -> None:
+    a = FrontEndInfo(name="fe-a", at_s=1.0, leader=True, demand={"v": (3.0, 0.0, 20.0, 0.9, 3.0, 3.0, 1.0)})
+    store.put_front_end(a)
+    store.put_front_end(FrontEndInfo(name="fe-b", at_s=2.0))
+    store.put_front_end(a.model_copy(update={"at_s": 5.0}))
+    assert [(f.name, f.at_s) for f in store.list_front_ends()] == [("fe-a", 5.0), ("fe-b", 2.0)]
+    assert store.list_front_ends()[0].demand == a.demand
+    store.delete_front_end("fe-a")
+    assert [f.name for f in store.list_front_ends()] == ["fe-b"]

@@ -19,6 +19,7 @@ from infaas.api.auth import AdminPrincipal
 from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
 from infaas.autoscaler import Autoscaler, FleetCost
 from infaas.errors import InvalidInput
+from infaas.peers import Peers
 from infaas.policy.versions import CanarySplit, version_states
 from infaas.routelog import RouteLog
 from infaas.router import Router, Snapshot
@@ -29,6 +30,7 @@ __all__ = [
     "Fleet",
     "FleetCostView",
     "FleetView",
+    "FrontEndView",
     "LineLabels",
     "VariantCost",
     "fleet_sources",
@@ -92,6 +94,15 @@ def version_lines(snapshot: Snapshot, split: CanarySplit) -> tuple[LineLabels, .
     return tuple(lines)
 
 
+class FrontEndView(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    last_report_s: float  # wall clock
+    leader: bool  # holds the autoscaler lease
+    this: bool  # the front end answering this request
+
+
 class FleetView(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -104,6 +115,8 @@ class FleetView(BaseModel):
     cost: FleetCostView
     events: tuple[FleetEvent, ...]  # newest first
     versions: tuple[LineLabels, ...] = ()  # per architecture: labels, states, canary share seen
+    # On a shared fleet: the front ends that reported lately, and which one scales the fleet.
+    front_ends: tuple[FrontEndView, ...] = ()
 
 
 def fleet_view(
@@ -192,4 +205,14 @@ async def fleet(
     )
     routing: Router | None = getattr(request.app.state, "router", None)
     lines = version_lines(routing.snapshot, routing.canary_split) if routing is not None else ()
-    return view.model_copy(update={"events": view.events[:events], "versions": lines})
+    peers: Peers | None = getattr(request.app.state, "peers", None)
+    front_ends = (
+        tuple(
+            FrontEndView(name=f.name, last_report_s=f.at_s, leader=f.leader, this=f.name == peers.name)
+            for f in peers.front_ends
+        )
+        if peers is not None
+        else ()
+    )
+    update = {"events": view.events[:events], "versions": lines, "front_ends": front_ends}
+    return view.model_copy(update=update)

@@ -1,0 +1,229 @@
+"""Artifact stores: where a variant's bytes live, and how a process on any node gets them.
+
+Registration writes artifacts content-addressed under ``data_dir/artifacts`` (`variants.artifacts`)
+and *publishes* each variant's artifact to the artifact store before the variant is recorded; a
+process that loads a variant (a Ray worker, the front end's fast path) asks the store for a local
+``root`` holding it, fetched by content hash and cached when it is not already on this node.
+
+- `LocalArtifacts` (embedded default): the data directory itself. Not shared: on one machine the
+  Ray pool reads an artifact once and hands its bytes to workers through Ray's object store.
+- `RedisArtifacts` (the default whenever ``INFAAS_REDIS_URL`` is set): the blobs live in the Redis
+  that every front end of a cluster already shares as its store of record, one hash per content
+  hash. Chosen over Ray's object store, whose objects die with the process that put them (a front
+  end that registered a model and was then stopped), and over an S3-compatible store, which would
+  be one more service to run for artifacts of a few MB. Workers fetch by hash into a per-node
+  cache, check the hash, and never read a front end's data directory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+from infaas.errors import StoreError, VariantNotFound
+from infaas.settings import Settings
+from infaas.types import Variant
+from variants.artifacts import sha256_path
+
+__all__ = [
+    "ArtifactStore",
+    "LocalArtifacts",
+    "RedisArtifacts",
+    "node_cache_dir",
+    "open_artifacts",
+    "pack",
+    "unpack",
+]
+
+_REDIS_VALUE_LIMIT = 512 * 1024 * 1024  # Redis's largest string
+
+
+class ArtifactStore(Protocol):
+    """Where variants' artifacts are kept (see the module docstring)."""
+
+    @property
+    def shared(self) -> bool:
+        """True when a process on another node can fetch from it (then workers fetch themselves)."""
+        ...
+
+    def publish(self, variant: Variant) -> None:
+        """Make `variant`'s artifact (written under the local data directory) fetchable by hash."""
+        ...
+
+    def root(self, variant: Variant) -> Path:
+        """A local directory holding ``variant.artifact`` (fetched and cached when needed). Raises
+        `VariantNotFound` when the store does not have it."""
+        ...
+
+
+def pack(path: Path) -> tuple[bytes, bool]:
+    """Bytes of a file artifact, or an uncompressed tar of a directory artifact (SavedModel)."""
+    if path.is_dir():
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(path), arcname=".")
+        return buf.getvalue(), True
+    return path.read_bytes(), False
+
+
+def unpack(data: bytes, is_dir: bool, target: Path) -> None:
+    """Write what `pack` made to `target` (a file, or a directory for a tar)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if is_dir:
+        target.mkdir(exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            tar.extractall(target, filter="data")
+    else:
+        target.write_bytes(data)
+
+
+def node_cache_dir() -> Path:
+    """Where workers on this node cache fetched artifacts (shared by the node's workers)."""
+    return Path(tempfile.gettempdir()) / "infaas-artifacts"
+
+
+class LocalArtifacts:
+    """The data directory's artifacts, read in place (one machine)."""
+
+    shared = False
+
+    def __init__(self, artifacts_dir: Path) -> None:
+        self.artifacts_dir = artifacts_dir
+
+    def publish(self, variant: Variant) -> None:
+        """Nothing to do: the artifact is already where `root` looks."""
+
+    def root(self, variant: Variant) -> Path:
+        if not (self.artifacts_dir / variant.artifact).exists():
+            raise VariantNotFound(
+                f"artifact of {variant.name} is missing at {self.artifacts_dir / variant.artifact}; "
+                "re-register the architecture",
+                variant=variant.name,
+            )
+        return self.artifacts_dir
+
+
+class RedisArtifacts:
+    """Artifacts as Redis hashes ``<namespace>:artifact:<sha256>`` (fields ``data``, ``dir``),
+    cached under `cache_dir/<sha256>/` on each node; `local_dir` (a front end's data directory) is
+    used in place when it holds the artifact. Picklable: a worker gets one built from the URL."""
+
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_dir: Path | None = None,
+        local_dir: Path | None = None,
+        namespace: str = "infaas",
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.cache_dir = cache_dir or node_cache_dir()
+        self.local_dir = local_dir
+        self.namespace = namespace
+        self.timeout_s = timeout_s
+        self._client: Any = None
+        self.fetched: list[str] = []  # content hashes this object fetched from Redis (tests, describe)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "fetched": []}
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            import redis
+
+            self._client = redis.Redis.from_url(
+                self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
+            )
+        return self._client
+
+    def _key(self, sha256: str) -> str:
+        return f"{self.namespace}:artifact:{sha256}"
+
+    def publish(self, variant: Variant) -> None:
+        import redis
+
+        if self.local_dir is None:
+            raise ValueError("publishing needs the data directory the artifact was written to")
+        key = self._key(variant.sha256)
+        try:
+            if self._redis().exists(key):
+                return  # content-addressed: what is there is this
+            data, is_dir = pack(self.local_dir / variant.artifact)
+            if len(data) >= _REDIS_VALUE_LIMIT:
+                raise StoreError(
+                    f"artifact of {variant.name} is {len(data) >> 20} MB, over Redis's 512 MB value "
+                    "limit; serve it from one machine (unset INFAAS_REDIS_URL)",
+                    variant=variant.name,
+                )
+            self._redis().hset(key, mapping={"data": data, "dir": b"1" if is_dir else b"0"})
+        except redis.RedisError as exc:
+            raise StoreError(f"cannot publish the artifact of {variant.name} to Redis: {exc}") from exc
+
+    def root(self, variant: Variant) -> Path:
+        if self.local_dir is not None and (self.local_dir / variant.artifact).exists():
+            return self.local_dir
+        cached = self.cache_dir / variant.sha256
+        if (cached / variant.artifact).exists():
+            return cached
+        self._fetch(variant, cached)
+        return cached
+
+    def _fetch(self, variant: Variant, cached: Path) -> None:
+        """Fetch into a private directory, check the hash, then rename into place (atomic: a
+        concurrent fetch of the same hash on this node either wins or finds it there)."""
+        import redis
+
+        try:
+            found = self._redis().hmget(self._key(variant.sha256), ["data", "dir"])
+        except redis.RedisError as exc:
+            raise StoreError(f"cannot fetch the artifact of {variant.name} from Redis: {exc}") from exc
+        data, is_dir = found
+        if data is None:
+            raise VariantNotFound(
+                f"artifact of {variant.name} ({variant.sha256[:12]}) is not in the artifact store at "
+                f"{self.url}; re-register the architecture",
+                variant=variant.name,
+            )
+        staging = self.cache_dir / f".fetch-{uuid.uuid4().hex}"
+        try:
+            unpack(data, is_dir == b"1", staging / variant.artifact)
+            got = sha256_path(staging / variant.artifact)
+            if got != variant.sha256:
+                raise StoreError(
+                    f"artifact of {variant.name} fetched from Redis hashes to {got[:12]}, not "
+                    f"{variant.sha256[:12]}: the store holds corrupt bytes; re-register it",
+                    variant=variant.name,
+                )
+            try:
+                os.rename(staging, cached)
+            except OSError:
+                if not (cached / variant.artifact).exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.fetched.append(variant.sha256)
+
+
+def open_artifacts(settings: Settings) -> ArtifactStore:
+    """The artifact store the settings name (`Settings.artifact_store`; ``auto``: Redis when a
+    Redis URL is set, else the data directory)."""
+    kind = settings.artifact_store
+    if kind == "redis" or (kind == "auto" and settings.redis_url):
+        if not settings.redis_url:
+            raise ValueError("INFAAS_ARTIFACT_STORE=redis needs INFAAS_REDIS_URL")
+        return RedisArtifacts(
+            settings.redis_url,
+            cache_dir=settings.data_dir / "artifact-cache",
+            local_dir=settings.artifacts_dir,
+            timeout_s=max(settings.store_timeout_s, 10.0),
+        )
+    return LocalArtifacts(settings.artifacts_dir)
