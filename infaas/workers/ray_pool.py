@@ -302,6 +302,7 @@ class RayPool:
         self._max_workers = cap or max(1, int(cpus))
         self._call_timeout_s = settings.worker_call_timeout_s
         self._shared = settings.shared_fleet
+        self._worker_num_cpus = worker_num_cpus
         self._namespace = settings.fleet_namespace
         self._gpu_share = settings.gpu_per_worker
         self._compiled = settings.worker_channel == "compiled" and not self._shared
@@ -561,7 +562,16 @@ class RayPool:
     def _spawn(self, group: str, family: str) -> _Worker:
         """A new worker of `group`; in a shared fleet, the named worker of the group's lowest free
         slot (or, when another front end made it meanwhile, that one: `get_if_exists`)."""
-        options: dict[str, Any] = {"num_gpus": self._gpu_share} if _gpu_group(group) else {}
+        gpu = _gpu_group(group)
+        options: dict[str, Any] = {"num_gpus": self._gpu_share} if gpu else {}
+        node = self._emptiest_node(gpu)
+        if node is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+            # Ray 2.60 places an actor that asks for no CPU on the caller's node whatever the
+            # affinity says (measured: 0 of 4 landed on the node asked for); a token share fixes it.
+            options["num_cpus"] = max(self._worker_num_cpus, 0.01)
         if self._shared:
             slots = (f"{group}-{i}" for i in itertools.count())
             worker_id = next(w for w in slots if w not in self._workers)
@@ -573,9 +583,29 @@ class RayPool:
         # Workers fetch from a shared artifact store themselves; else the front end sends bytes.
         fetcher = self._store if isinstance(self._store, RedisArtifacts) else None
         handle = self._actor_cls.options(**options).remote(worker_id, group, family, self._budget_mb, fetcher)
-        worker = _Worker(worker_id=worker_id, group=group, family=family, handle=handle)
+        worker = _Worker(worker_id=worker_id, group=group, family=family, handle=handle, node=node)
         self._workers[worker_id] = worker
         return worker
+
+    def _emptiest_node(self, gpu: bool) -> str | None:
+        """The live node (with a GPU, for a GPU worker) hosting the fewest of this fleet's workers:
+        new workers go there (a soft preference: Ray places the worker elsewhere if it must), so
+        the fleet spreads over the cluster deterministically. None on a single node."""
+        import ray
+
+        nodes = [
+            n["NodeID"]
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
+            if n.get("Alive") and (n.get("Resources", {}).get("GPU", 0) > 0 or not gpu)
+        ]
+        if len(nodes) < 2:
+            return None
+        count = {n: 0 for n in nodes}
+        for w in self._workers.values():
+            if w.alive and w.node in count:
+                count[w.node] += 1
+        emptiest: str = min(nodes, key=lambda n: count[n])
+        return emptiest
 
     async def sync(self) -> None:
         """Shared fleet: adopt the workers other front ends started, forget those gone for good,

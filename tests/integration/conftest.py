@@ -18,12 +18,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import uvicorn
 from fastapi import FastAPI
 
 from infaas.api import create_app
 from infaas.settings import Settings
 from infaas.workers.inprocess import InProcessPool
+from tests.conftest import redis_required
 
 
 def free_port() -> int:
@@ -188,3 +190,35 @@ def live_server(settings: Settings) -> Iterator[LiveServer]:
     _quick_profiling(app, settings)
     for url in serve_app(app):
         yield LiveServer(url=url, app=app, admin_key=app.state.admin_key)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of this test's own, on a free port, that the test may freeze."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if redis_required():
+            pytest.fail("INFAAS_REQUIRE_REDIS is set but redis-server is not installed")
+        pytest.skip(
+            "redis-server is not installed (under INFAAS_REQUIRE_REDIS=1, as in CI, this fails instead)"
+        )
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    try:
+        yield url, proc
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()

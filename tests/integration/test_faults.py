@@ -19,19 +19,16 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from infaas.settings import Settings
 from infaas.store import open_store
 from infaas.store.redis import RedisStore
-from tests.conftest import redis_required
-from tests.integration.conftest import Served, free_port, serve_process
+from tests.integration.conftest import Served, serve_process
 from tests.integration.load import LoadResult, OpenLoopLoad
 from variants import zoo
 
@@ -117,38 +114,6 @@ def test_sigkill_under_load_bills_every_answer_from_the_journal(small_zoo: Setti
     assert answered <= totals["queries"] <= answered + cut, (totals, statuses)
     assert totals["cost_pusd"] >= result.cost_pusd()
     assert "usage journal: replayed" in log or totals["queries"] == answered
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A redis-server of this test's own, on a free port, that the test may freeze."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if redis_required():
-            pytest.fail("INFAAS_REQUIRE_REDIS is set but redis-server is not installed")
-        pytest.skip(
-            "redis-server is not installed (under INFAAS_REQUIRE_REDIS=1, as in CI, this fails instead)"
-        )
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    try:
-        yield url, proc
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-        proc.wait()
 
 
 def copy_catalog_to_redis(settings: Settings, url: str) -> None:
