@@ -12,6 +12,8 @@ infaas-service-os-journal  the same with INFAAS_USAGE_JOURNAL=os: charges handed
              fsync'd, before answering
 infaas-service-nojournal  the same with the usage journal off (INFAAS_USAGE_JOURNAL=off): what
              journaling every charge before answering costs
+infaas-service-2fe  `infaas serve --workers 2`: two front-end processes on one port (SO_REUSEPORT)
+             sharing one fleet, against `infaas-service` (`--workers 1`)
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
              (`AsyncBatcher`) → `RayPool`, with the front-end fast path for sub-hop variants
              (`Placement(pool, InProcessPool)`): this 10 µs model then runs in the front end
@@ -483,8 +485,9 @@ def serve_on(data_dir: Path, kind: str, log: Path, settings: dict[str, str]) -> 
     return server
 
 
-def start_service(workdir: Path, variant: Any, journal: str = "fsync") -> Server:
-    """`infaas serve` on the prepared data dir, and a tenant pinned to the benchmark variant."""
+def start_service(workdir: Path, variant: Any, journal: str = "fsync", front_ends: int = 1) -> Server:
+    """`infaas serve --workers <front_ends>` on the prepared data dir, and a tenant pinned to the
+    benchmark variant."""
     import urllib.request
 
     port = free_port()
@@ -495,7 +498,7 @@ def start_service(workdir: Path, variant: Any, journal: str = "fsync") -> Server
         "INFAAS_PORT": str(port),
         "INFAAS_USAGE_JOURNAL": journal,
     }
-    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve"]
+    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve", "--workers", str(front_ends)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -656,7 +659,12 @@ def main() -> None:
                 for kind in kinds:
                     if kind.startswith("infaas-service"):
                         journal = {"infaas-service-os-journal": "os", "infaas-service-nojournal": "off"}
-                        server = start_service(workdir, variant, journal=journal.get(kind, "fsync"))
+                        server = start_service(
+                            workdir,
+                            variant,
+                            journal=journal.get(kind, "fsync"),
+                            front_ends=2 if kind == "infaas-service-2fe" else 1,
+                        )
                     elif kind == "mlserver":
                         server = start_mlserver(workdir, args.mlserver_venv)
                     else:
@@ -755,6 +763,9 @@ def report(results: dict[str, dict[str, float]], concurrency: int) -> None:
     if "direct-on" in results:
         ratio = results["direct-on"]["rps"] / results["direct-off"]["rps"]
         goals.append(("throughput batching on / off (Ray path, no HTTP)", ratio, "≥ 3", ratio >= 3))
+    if "infaas-service-2fe" in results and "infaas-service" in results:
+        ratio = results["infaas-service-2fe"]["rps"] / results["infaas-service"]["rps"]
+        goals.append(("throughput --workers 2 / --workers 1", ratio, "—", True))
     print("| ratio | measured | goal | met |")
     print("|---|---:|---|---|")
     for name, value, goal, met in goals:
