@@ -201,7 +201,9 @@ def register(
                 f"labelled: `infaas canary {name} {result.architecture.version} --share 0.1` or "
                 f"`infaas promote {name} --version {result.architecture.version}`"
             )
-        profiles = {p.variant: p for p in store.list_profiles(stored)}
+        from profiler.machine import local_machine
+
+        profiles = {p.variant: p for p in store.list_profiles(stored, local_machine())}
         console.print(variants_table(result.variants, profiles, title=f"variants of {stored}"))
         if result.skipped:
             console.print(skipped_table(result.skipped))
@@ -245,7 +247,9 @@ def variants(architecture: str = typer.Argument(..., help="Architecture name."))
         if store.get_architecture(architecture) is None:
             console.print(f"[red]error:[/] no architecture {architecture!r}; `infaas models` lists them")
             raise typer.Exit(1)
-        profiles = {p.variant: p for p in store.list_profiles(architecture)}
+        from profiler.machine import local_machine
+
+        profiles = {p.variant: p for p in store.list_profiles(architecture, local_machine())}
         console.print(
             variants_table(store.list_variants(architecture), profiles, f"variants of {architecture}")
         )

@@ -247,7 +247,7 @@ class Snapshot:
         stored = {v.name: v for v in store.list_variants() if v.architecture in archs}
         profiles: dict[str, Profile] = {}
         excluded: dict[str, str] = {}
-        for p in store.list_profiles():
+        for p in store.list_profiles(machine=here):
             variant = stored.get(p.variant)
             if variant is None:
                 continue

@@ -12,6 +12,7 @@ edge (`*_usd`, `*_usd_per_1k`).
 from __future__ import annotations
 
 import bisect
+import hashlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -249,6 +250,11 @@ class MachineInfo(_Value):
     @property
     def fingerprint(self) -> str:
         return f"{self.cpu_model}|{self.cores}|{self.gpu or '-'}"
+
+    @property
+    def machine_class(self) -> str:
+        """A short, stable id of the fingerprint: profiles are kept per machine class."""
+        return hashlib.sha256(self.fingerprint.encode()).hexdigest()[:12]
 
 
 class LatencyPoint(_Value):

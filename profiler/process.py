@@ -273,7 +273,7 @@ class ProcessProfiler:
         todo: list[Variant] = []
         kept: list[Profile] = []
         for v in variants:
-            existing = self.store.get_profile(v.name)
+            existing = self.store.get_profile(v.name, self.machine)
             if needs_profile(existing, self.machine, force):
                 todo.append(v)
             elif existing is not None:

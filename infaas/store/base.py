@@ -21,6 +21,7 @@ from infaas.types import (
     FrontEndInfo,
     Job,
     Labels,
+    MachineInfo,
     Profile,
     SkippedVariant,
     Targets,
@@ -100,9 +101,20 @@ class MetadataStore(Protocol):
     def list_variants(self, architecture: str | None = None) -> list[Variant]: ...
     def list_skipped(self, architecture: str | None = None) -> list[SkippedVariant]: ...
 
-    def put_profile(self, profile: Profile) -> None: ...
-    def get_profile(self, variant: str) -> Profile | None: ...
-    def list_profiles(self, architecture: str | None = None) -> list[Profile]: ...
+    def put_profile(self, profile: Profile) -> None:
+        """Keep `profile` as its variant's profile on its machine class (`MachineInfo.machine_class`):
+        front ends or nodes on other hardware keep theirs beside it."""
+        ...
+
+    def get_profile(self, variant: str, machine: MachineInfo | None = None) -> Profile | None:
+        """`variant`'s profile on `machine`'s class, else (or without `machine`) its newest."""
+        ...
+
+    def list_profiles(
+        self, architecture: str | None = None, machine: MachineInfo | None = None
+    ) -> list[Profile]:
+        """One profile per variant (of `architecture`), chosen as `get_profile` does."""
+        ...
 
     def create_tenant(self, tenant: Tenant, api_key: str) -> None: ...
     def tenant_for_key(self, api_key: str) -> Tenant | None: ...
@@ -273,13 +285,21 @@ class DocumentStore(abc.ABC):
         return self._list(SkippedVariant, SKIPPED, f"{architecture}/" if architecture else "")
 
     def put_profile(self, profile: Profile) -> None:
-        self.put_docs([(PROFILE, profile.variant, profile.model_dump_json())])
+        key = f"{profile.variant}@{profile.machine.machine_class}"
+        self.put_docs([(PROFILE, key, profile.model_dump_json())])
 
-    def get_profile(self, variant: str) -> Profile | None:
-        return self._get(Profile, PROFILE, variant)
+    def get_profile(self, variant: str, machine: MachineInfo | None = None) -> Profile | None:
+        found = [p for p in self._list(Profile, PROFILE, variant) if p.variant == variant]
+        return _pick_profile(found, machine)
 
-    def list_profiles(self, architecture: str | None = None) -> list[Profile]:
-        return self._list(Profile, PROFILE, f"{architecture}/" if architecture else "")
+    def list_profiles(
+        self, architecture: str | None = None, machine: MachineInfo | None = None
+    ) -> list[Profile]:
+        by_variant: dict[str, list[Profile]] = {}
+        for p in self._list(Profile, PROFILE, f"{architecture}/" if architecture else ""):
+            by_variant.setdefault(p.variant, []).append(p)
+        picked = (_pick_profile(found, machine) for _, found in sorted(by_variant.items()))
+        return [p for p in picked if p is not None]
 
     def create_tenant(self, tenant: Tenant, api_key: str) -> None:
         existing = self.get_tenant(tenant.name)
@@ -326,3 +346,12 @@ class DocumentStore(abc.ABC):
 
     def delete_front_end(self, name: str) -> None:
         self.delete_docs(FRONT_END, name, exact=True)
+
+
+def _pick_profile(found: list[Profile], machine: MachineInfo | None) -> Profile | None:
+    """The newest profile measured on `machine`'s class, else the newest of all (a caller that
+    compares fingerprints then sees it is foreign)."""
+    if machine is not None:
+        here = [p for p in found if p.machine.fingerprint == machine.fingerprint]
+        found = here or found
+    return max(found, key=lambda p: p.measured_at_s, default=None)

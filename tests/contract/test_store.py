@@ -306,3 +306,25 @@ def test_front_ends_report_and_leave(store: DocumentStore) -> None:
     assert store.list_front_ends()[0].demand == a.demand
     store.delete_front_end("fe-a")
     assert [f.name for f in store.list_front_ends()] == ["fe-b"]
+
+
+def test_profiles_are_kept_per_machine_class(store: DocumentStore) -> None:
+    laptop = MachineInfo(cpu_model="test cpu", cores=2)
+    server = MachineInfo(cpu_model="big cpu", cores=64, gpu="H200")
+    here = make_profile("m/onnx-cpu-fp32-t1")
+    there = here.model_copy(update={"machine": server, "measured_at_s": 5.0, "accuracy": 0.5})
+    store.put_profile(here)
+    store.put_profile(there)  # another class: kept beside, not over, the first
+    store.put_profile(make_profile("m/onnx-cpu-fp32-t12"))  # a name the first one prefixes
+    assert store.get_profile("m/onnx-cpu-fp32-t1", laptop) == here
+    assert store.get_profile("m/onnx-cpu-fp32-t1", server) == there
+    assert store.get_profile("m/onnx-cpu-fp32-t1") == there  # the newest, without a class
+    other = MachineInfo(cpu_model="unseen", cores=4)
+    assert store.get_profile("m/onnx-cpu-fp32-t1", other) == there  # the caller sees it is foreign
+    assert [p.machine for p in store.list_profiles("m", laptop)] == [laptop, laptop]
+    assert [p.machine for p in store.list_profiles("m", server)] == [server, laptop]
+    remeasured = here.model_copy(update={"measured_at_s": 9.0})
+    store.put_profile(remeasured)  # the same class again: replaces its own
+    assert store.get_profile("m/onnx-cpu-fp32-t1", laptop) == remeasured
+    store.delete_architecture("m")
+    assert store.list_profiles("m") == []

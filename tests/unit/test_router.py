@@ -118,10 +118,10 @@ def test_profiles_from_another_machine_and_failed_ones_are_left_out_and_said_so(
         here = register(store, "here")
         foreign, failed = register(store, "foreign"), register(store, "failed")
         elsewhere = MachineInfo(cpu_model="Intel Xeon Platinum 8480", cores=64, gpu="NVIDIA H100")
-        # the foreign one would win on cost if it were mixed in
-        store.put_profile(
-            stored_profile(store, foreign).model_copy(update={"machine": elsewhere, "price_usd_per_s": 0.0})
-        )
+        # the foreign one would win on cost if it were mixed in; it is the only profile of its variant
+        measured_here = stored_profile(store, foreign)
+        store.delete_docs("profile", f"{foreign}@")
+        store.put_profile(measured_here.model_copy(update={"machine": elsewhere, "price_usd_per_s": 0.0}))
         store.put_profile(
             stored_profile(store, failed).model_copy(update={"status": "failed", "error": "hung"})
         )

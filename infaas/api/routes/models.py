@@ -46,6 +46,7 @@ from infaas.registry import RegistrationResult, Registry
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
+from profiler.machine import local_machine
 
 router = APIRouter(tags=["models"])
 
@@ -108,7 +109,7 @@ def _registered(result: RegistrationResult, store: MetadataStore) -> ModelRegist
         task_created=result.task_created,
         architecture=architecture_out(result.architecture, len(result.variants), len(result.skipped)),
         task=task_out(result.task, archs),
-        variants=[variant_out(v, store.get_profile(v.name)) for v in result.variants],
+        variants=[variant_out(v, store.get_profile(v.name, local_machine())) for v in result.variants],
         skipped=[skipped_out(s) for s in result.skipped],
     )
 
@@ -208,7 +209,7 @@ def list_variants(
         raise ArchitectureNotFound(
             f"no architecture {architecture!r}; GET /v1/models lists them", architecture=architecture
         )
-    profiles = {p.variant: p for p in store.list_profiles(architecture)}
+    profiles = {p.variant: p for p in store.list_profiles(architecture, local_machine())}
     return VariantsOut(
         architecture=arch.name,
         task=arch.task,
