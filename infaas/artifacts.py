@@ -61,6 +61,14 @@ class ArtifactStore(Protocol):
         `VariantNotFound` when the store does not have it."""
         ...
 
+    def publish_path(self, rel: str, *, what: str | None = None) -> None:
+        """`publish` for any artifact path ``<sha[:2]>/<sha>/<name>`` (a validation split, say)."""
+        ...
+
+    def root_path(self, rel: str, *, what: str | None = None) -> Path:
+        """`root` for any artifact path."""
+        ...
+
 
 def pack(path: Path) -> tuple[bytes, bool]:
     """Bytes of a file artifact, or an uncompressed tar of a directory artifact (SavedModel)."""
@@ -99,20 +107,26 @@ class LocalArtifacts:
     def publish(self, variant: Variant) -> None:
         """Nothing to do: the artifact is already where `root` looks."""
 
+    def publish_path(self, rel: str, *, what: str | None = None) -> None:
+        """Nothing to do, as `publish`."""
+
     def root(self, variant: Variant) -> Path:
-        if not (self.artifacts_dir / variant.artifact).exists():
+        return self.root_path(variant.artifact, what=variant.name)
+
+    def root_path(self, rel: str, *, what: str | None = None) -> Path:
+        if not (self.artifacts_dir / rel).exists():
             raise VariantNotFound(
-                f"artifact of {variant.name} is missing at {self.artifacts_dir / variant.artifact}; "
-                "re-register the architecture",
-                variant=variant.name,
+                f"artifact of {what or rel} is missing at {self.artifacts_dir / rel}; "
+                "re-register the architecture"
             )
         return self.artifacts_dir
 
 
 class RedisArtifacts:
-    """Artifacts as Redis hashes ``<namespace>:artifact:<sha256>`` (fields ``data``, ``dir``),
-    cached under `cache_dir/<sha256>/` on each node; `local_dir` (a front end's data directory) is
-    used in place when it holds the artifact. Picklable: a worker gets one built from the URL."""
+    """Artifacts as Redis hashes ``<namespace>:artifact:<sha256>`` (fields ``data``, ``dir``).
+    `cache_dir` mirrors the data directory's content-addressed layout (``<sha[:2]>/<sha>/<name>``),
+    so it is itself a root for any artifact fetched into it; `local_dir` (a front end's data
+    directory) is used in place when it holds the artifact. Picklable: a worker gets a copy."""
 
     shared = True
 
@@ -149,68 +163,89 @@ class RedisArtifacts:
         return f"{self.namespace}:artifact:{sha256}"
 
     def publish(self, variant: Variant) -> None:
+        self.publish_path(variant.artifact, what=variant.name)
+
+    def root(self, variant: Variant) -> Path:
+        return self.root_path(variant.artifact, what=variant.name)
+
+    def publish_path(self, rel: str, *, what: str | None = None) -> None:
+        """Publish the artifact at `rel` (``<sha[:2]>/<sha>/<name>``) under the data directory."""
         import redis
 
         if self.local_dir is None:
             raise ValueError("publishing needs the data directory the artifact was written to")
-        key = self._key(variant.sha256)
+        what = what or rel
+        key = self._key(_sha_of(rel))
         try:
             if self._redis().exists(key):
                 return  # content-addressed: what is there is this
-            data, is_dir = pack(self.local_dir / variant.artifact)
+            if not (self.local_dir / rel).exists():
+                raise VariantNotFound(
+                    f"artifact of {what} is neither in the artifact store nor at {self.local_dir / rel}; "
+                    "re-register the architecture"
+                )
+            data, is_dir = pack(self.local_dir / rel)
             if len(data) >= _REDIS_VALUE_LIMIT:
                 raise StoreError(
-                    f"artifact of {variant.name} is {len(data) >> 20} MB, over Redis's 512 MB value "
-                    "limit; serve it from one machine (unset INFAAS_REDIS_URL)",
-                    variant=variant.name,
+                    f"artifact of {what} is {len(data) >> 20} MB, over Redis's 512 MB value limit; "
+                    "serve it from one machine (unset INFAAS_REDIS_URL)"
                 )
             self._redis().hset(key, mapping={"data": data, "dir": b"1" if is_dir else b"0"})
         except redis.RedisError as exc:
-            raise StoreError(f"cannot publish the artifact of {variant.name} to Redis: {exc}") from exc
+            raise StoreError(f"cannot publish the artifact of {what} to Redis: {exc}") from exc
 
-    def root(self, variant: Variant) -> Path:
-        if self.local_dir is not None and (self.local_dir / variant.artifact).exists():
+    def root_path(self, rel: str, *, what: str | None = None) -> Path:
+        """A local directory holding `rel`: the data directory, else this node's cache (fetched
+        into it first when missing)."""
+        if self.local_dir is not None and (self.local_dir / rel).exists():
             return self.local_dir
-        cached = self.cache_dir / variant.sha256
-        if (cached / variant.artifact).exists():
-            return cached
-        self._fetch(variant, cached)
-        return cached
+        if not (self.cache_dir / rel).exists():
+            self._fetch(rel, what or rel)
+        return self.cache_dir
 
-    def _fetch(self, variant: Variant, cached: Path) -> None:
+    def _fetch(self, rel: str, what: str) -> None:
         """Fetch into a private directory, check the hash, then rename into place (atomic: a
-        concurrent fetch of the same hash on this node either wins or finds it there)."""
+        concurrent fetch of the same artifact on this node either wins or finds it there)."""
         import redis
 
+        sha = _sha_of(rel)
         try:
-            found = self._redis().hmget(self._key(variant.sha256), ["data", "dir"])
+            data, is_dir = self._redis().hmget(self._key(sha), ["data", "dir"])
         except redis.RedisError as exc:
-            raise StoreError(f"cannot fetch the artifact of {variant.name} from Redis: {exc}") from exc
-        data, is_dir = found
+            raise StoreError(f"cannot fetch the artifact of {what} from Redis: {exc}") from exc
         if data is None:
             raise VariantNotFound(
-                f"artifact of {variant.name} ({variant.sha256[:12]}) is not in the artifact store at "
-                f"{self.url}; re-register the architecture",
-                variant=variant.name,
+                f"artifact of {what} ({sha[:12]}) is not in the artifact store at {self.url}; "
+                "re-register the architecture"
             )
         staging = self.cache_dir / f".fetch-{uuid.uuid4().hex}"
         try:
-            unpack(data, is_dir == b"1", staging / variant.artifact)
-            got = sha256_path(staging / variant.artifact)
-            if got != variant.sha256:
+            fetched = staging / Path(rel).name
+            unpack(data, is_dir == b"1", fetched)
+            got = sha256_path(fetched)
+            if got != sha:
                 raise StoreError(
-                    f"artifact of {variant.name} fetched from Redis hashes to {got[:12]}, not "
-                    f"{variant.sha256[:12]}: the store holds corrupt bytes; re-register it",
-                    variant=variant.name,
+                    f"artifact of {what} fetched from Redis hashes to {got[:12]}, not {sha[:12]}: "
+                    "the store holds corrupt bytes; re-register it"
                 )
+            target = self.cache_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.rename(staging, cached)
+                os.rename(fetched, target)
             except OSError:
-                if not (cached / variant.artifact).exists():
+                if not target.exists():
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self.fetched.append(variant.sha256)
+        self.fetched.append(sha)
+
+
+def _sha_of(rel: str) -> str:
+    """The content hash in a content-addressed artifact path ``<sha[:2]>/<sha>/<name>``."""
+    parts = Path(rel).parts
+    if len(parts) < 3 or len(parts[1]) != 64 or not parts[1].startswith(parts[0]):
+        raise ValueError(f"{rel!r} is not a content-addressed artifact path")
+    return parts[1]
 
 
 def open_artifacts(settings: Settings) -> ArtifactStore:

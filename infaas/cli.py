@@ -112,6 +112,19 @@ def _example_digit_row() -> list[float]:
     return [round(float(v), 4) for v in load_split(DIGITS).x_test[0]]
 
 
+@app.command("fleet-down")
+def fleet_down() -> None:
+    """Stop the shared fleet on INFAAS_RAY_ADDRESS: its workers outlive every front end (detached)."""
+    from infaas.workers.ray_pool import stop_fleet
+
+    settings = load_settings()
+    if not settings.shared_fleet:
+        console.print("[red]error:[/] set INFAAS_RAY_ADDRESS to the cluster whose fleet to stop")
+        raise typer.Exit(2)
+    stopped = stop_fleet(settings)
+    console.print(f"stopped {stopped} worker(s) in Ray namespace {settings.fleet_namespace!r}")
+
+
 @app.command("admin-key")
 def admin_key() -> None:
     """Print the admin key (generating it on first use)."""

@@ -340,8 +340,10 @@ class Registry:
                     "file to be measured on the task's own",
                     task=task_name,
                 )
+            # Another front end may have registered the task: its split comes from the artifact store.
             val_path = (
-                self.settings.artifacts_dir / existing_task.validation_artifact
+                self.artifacts.root_path(existing_task.validation_artifact)
+                / existing_task.validation_artifact
                 if existing_task is not None
                 else validation
             )
@@ -443,9 +445,11 @@ class Registry:
                 created_at_s=now_s,
                 version=version,
             )
-            # Every node can fetch a variant the store lists (a no-op for the local artifact store).
+            # Every node can fetch what the store lists: the variants, and the validation split a
+            # node profiles them with (a no-op for the local artifact store).
             for built in result.variants:
                 self.artifacts.publish(built)
+            self.artifacts.publish_path(task.validation_artifact)
             with self.labels_lock:
                 labels = self.store.get_labels(name) or Labels(architecture=name)
                 labels = labels.model_copy(update={"states": {**labels.states, version: "ready"}})
@@ -475,11 +479,14 @@ class Registry:
         )
 
     def publish_artifacts(self) -> int:
-        """Publish every stored variant whose artifact this data directory holds (what was
-        registered before the artifact store was shared); returns how many were checked."""
-        found = [v for v in self.store.list_variants() if (self.settings.artifacts_dir / v.artifact).exists()]
-        for variant in found:
-            self.artifacts.publish(variant)
+        """Publish every stored variant's artifact and task's validation split that this data
+        directory holds (what was registered before the artifact store was shared); returns how
+        many were checked."""
+        rels = {v.artifact for v in self.store.list_variants()}
+        rels |= {t.validation_artifact for t in self.store.list_tasks()}
+        found = [rel for rel in sorted(rels) if (self.settings.artifacts_dir / rel).exists()]
+        for rel in found:
+            self.artifacts.publish_path(rel)
         return len(found)
 
     def remove_artifacts(self, candidates: Sequence[str]) -> int:

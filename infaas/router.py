@@ -26,7 +26,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,9 +62,18 @@ from infaas.types import (
 )
 from infaas.workers.base import Batcher, WorkerPool
 from infaas.workers.placement import Placement
-from profiler.machine import is_foreign, local_machine
+from profiler.machine import local_machine
 
-__all__ = ["Catalog", "OverheadTracker", "Routed", "Router", "Snapshot", "cheapest_variants"]
+__all__ = [
+    "Catalog",
+    "Machines",
+    "OverheadTracker",
+    "Routed",
+    "Router",
+    "Snapshot",
+    "cheapest_variants",
+    "choose_profile",
+]
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +202,33 @@ def cheapest_variants(variants: Catalog, architectures: set[str]) -> dict[str, s
 
 
 @dataclass(frozen=True)
+class Machines:
+    """Where a front end's variants run: its own machine, the classes of its Ray cluster's nodes,
+    and the class of the node holding each loaded variant's replica (`RayPool.machines`)."""
+
+    here: MachineInfo
+    nodes: tuple[MachineInfo, ...] = ()
+    replicas: Mapping[str, MachineInfo] = field(default_factory=dict)
+
+    def fingerprints(self) -> set[str]:
+        """The machine classes whose profiles may be used."""
+        return {m.fingerprint for m in (self.here, *self.nodes, *self.replicas.values())}
+
+
+def choose_profile(found: Sequence[Profile], machines: Machines, variant: str) -> Profile:
+    """Of a variant's profiles (one per machine class), the one measured on the class of the node
+    holding its replica, else on this machine, else on a node class of the cluster (a GPU
+    variant profiled on a GPU node), else the newest (foreign: the caller leaves it out)."""
+    for machine in (machines.replicas.get(variant), machines.here, *machines.nodes):
+        if machine is None:
+            continue
+        same = [p for p in found if p.machine.fingerprint == machine.fingerprint]
+        if same:
+            return max(same, key=lambda p: p.measured_at_s)
+    return max(found, key=lambda p: p.measured_at_s)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything selection needs from the store, immutable; swapped whole on change."""
 
@@ -238,28 +274,33 @@ class Snapshot:
         return None if version is None else self.architectures.get(version_name(line, version))
 
     @classmethod
-    def load(cls, store: MetadataStore, local: MachineInfo | None = None) -> Snapshot:
-        """The store's registrations with the profiles usable on `local` (default: this machine)."""
-        here = local if local is not None else local_machine()
+    def load(cls, store: MetadataStore, local: MachineInfo | Machines | None = None) -> Snapshot:
+        """The store's registrations with the profiles usable where their variants run (`local`:
+        this front end's machine, and on a cluster its nodes' classes; default: this machine)."""
+        machines = local if isinstance(local, Machines) else Machines(local or local_machine())
+        here = machines.here
+        usable = machines.fingerprints()
         tasks = {t.name: t for t in store.list_tasks()}
         archs = {a.name: a for a in store.list_architectures()}
         labels = {lab.architecture: lab for lab in store.list_labels()}
         stored = {v.name: v for v in store.list_variants() if v.architecture in archs}
+        measured: dict[str, list[Profile]] = {}
+        for p in store.list_all_profiles():
+            if p.variant in stored:
+                measured.setdefault(p.variant, []).append(p)
         profiles: dict[str, Profile] = {}
         excluded: dict[str, str] = {}
-        for p in store.list_profiles(machine=here):
-            variant = stored.get(p.variant)
-            if variant is None:
-                continue
+        for name, found in sorted(measured.items()):
+            variant, p = stored[name], choose_profile(found, machines, name)
             if p.status != "ok":
-                excluded[p.variant] = f"its profiling failed ({p.error or 'no reason recorded'})"
-            elif is_foreign(p, here):
-                excluded[p.variant] = (
+                excluded[name] = f"its profiling failed ({p.error or 'no reason recorded'})"
+            elif p.machine.fingerprint not in usable:
+                excluded[name] = (
                     f"it was profiled on another machine ({p.machine.fingerprint}; here "
                     f"{here.fingerprint}): run `infaas profile {variant.architecture}` to measure it here"
                 )
             else:
-                profiles[p.variant] = p
+                profiles[name] = p
         variants = {name: (v, profiles.get(name)) for name, v in stored.items()}
         digest = hashlib.sha256()
         for name in sorted(tasks):
@@ -341,6 +382,7 @@ class Router:
         miss_refresh_interval_s: float = 0.5,
         loaded_ttl_s: float = 0.02,
         machine: MachineInfo | None = None,
+        machines: Callable[[], Machines] | None = None,
         quarantine: Quarantine | None = None,
         on_event: Callable[[FleetEvent], None] | None = None,
     ) -> None:
@@ -351,6 +393,8 @@ class Router:
         self._quarantine_seen = (-1, float("inf"))
         self._on_event = on_event
         self._machine = machine if machine is not None else local_machine()
+        # On a cluster: its nodes' classes and where replicas sit (else this machine alone).
+        self._machines = machines or (lambda: Machines(self._machine))
         # Share the batcher's `Placement` (pass the same one to both) to see its local path too.
         self._pool = Placement.wrap(pool)
         self._batcher = batcher
@@ -380,7 +424,7 @@ class Router:
 
     def refresh(self) -> bool:
         """Reload the snapshot from the store; True when it changed."""
-        fresh = Snapshot.load(self._store, self._machine)
+        fresh = Snapshot.load(self._store, self._machines())
         if fresh.fingerprint == self._base.fingerprint:
             return False
         self._adopt(fresh)
@@ -459,7 +503,7 @@ class Router:
         now_s = time.monotonic()
         for tracker in self.overheads.values():
             tracker.refresh(now_s)
-        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
+        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machines())
         if fresh.fingerprint != self._base.fingerprint:
             self._adopt(fresh)
 
@@ -475,7 +519,7 @@ class Router:
         if now_s - self._last_miss_refresh_s < self._miss_refresh_interval_s:
             return False
         self._last_miss_refresh_s = now_s
-        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
+        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machines())
         if fresh.fingerprint == self._base.fingerprint:
             return False
         self._adopt(fresh)
@@ -847,7 +891,7 @@ class Router:
         promote answer once the version is warm, as TF Serving loads and warms a version before
         serving it. Returns the variants loaded; a failed load is logged and counted towards
         quarantine, not raised."""
-        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machine)
+        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machines())
         if fresh.fingerprint != self._base.fingerprint:
             self._adopt(fresh)
         names = set(self._cheapest({architecture}).values())

@@ -36,6 +36,7 @@ from infaas.api.routes import (
 )
 from infaas.api.routes import models as model_routes
 from infaas.api.routes import versions as version_routes
+from infaas.artifacts import RedisArtifacts, open_artifacts
 from infaas.autoscaler import Autoscaler, DemandWindow
 from infaas.batching import AsyncBatcher
 from infaas.dataplane import DataPlane
@@ -47,9 +48,9 @@ from infaas.peers import Peers
 from infaas.periodic import Periodic
 from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.quarantine import Quarantine
-from infaas.registry import build_registry
+from infaas.registry import VariantProfiler, build_registry
 from infaas.routelog import RouteLog
-from infaas.router import Router
+from infaas.router import Machines, Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore, open_store
 from infaas.trace_recorder import TraceRecorder
@@ -58,6 +59,7 @@ from infaas.versions import Versions
 from infaas.workers.base import WorkerPool
 from infaas.workers.inprocess import InProcessPool, artifact_loader
 from infaas.workers.placement import Placement
+from profiler.machine import local_machine
 from profiler.process import ProcessProfiler
 
 __all__ = ["create_app"]
@@ -79,6 +81,17 @@ async def _watch_pool(app: FastAPI, health: Callable[[], str | None]) -> None:
         stop(3, message)
     else:
         log.error(message)
+
+
+def _profiler(settings: Settings, store: MetadataStore) -> VariantProfiler:
+    """Where registrations are profiled: here, or on a shared fleet whose artifacts every node can
+    fetch, on a node of each machine class of the cluster."""
+    artifacts = open_artifacts(settings)
+    if settings.shared_fleet and isinstance(artifacts, RedisArtifacts):
+        from infaas.workers.ray_profiler import RayProfiler  # only this path imports ray
+
+        return RayProfiler(settings, store, artifacts, quick=settings.profile_quick)
+    return ProcessProfiler(settings, store, quick=settings.profile_quick)
 
 
 def create_app(
@@ -117,6 +130,7 @@ def create_app(
         # router; the meter flushes usage in the background and once more at shutdown.
         resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None
         sync: Callable[[], Awaitable[None]] | None = None
+        machines: Callable[[], Machines] | None = None
         if settings.redis_url and app.state.registry.artifacts.shared:
             # Artifacts registered before the store was shared become fetchable by every node.
             await asyncio.to_thread(app.state.registry.publish_artifacts)
@@ -133,7 +147,15 @@ def create_app(
                 else None
             )
             placement = Placement(ray_pool, fast_path, inline_max_ms=settings.fast_path_max_ms)
-            sync = ray_pool.sync
+            if settings.shared_fleet:
+                sync = ray_pool.sync
+                here = machine or local_machine()
+
+                def machines_now() -> Machines:
+                    # Each variant is predicted with the profile of the class of the node it runs on.
+                    return Machines(here, *ray_pool.machines())
+
+                machines = machines_now
         else:
             the_pool = pool
             placement = Placement.wrap(pool)
@@ -147,6 +169,7 @@ def create_app(
             placement,
             batcher,
             machine=machine,
+            machines=machines,
             quarantine=Quarantine(settings.quarantine_after_failures, settings.quarantine_backoff_s),
             on_event=app.state.route_log.add,
         )
@@ -330,9 +353,7 @@ def create_app(
         app.include_router(module.router)
     # Registration: the use case behind POST /v1/models. Its profiler measures each new variant in
     # a worker process of its own before registration returns, so a new model is servable at once.
-    app.state.registry = build_registry(
-        settings, the_store, profiler=ProcessProfiler(settings, the_store, quick=settings.profile_quick)
-    )
+    app.state.registry = build_registry(settings, the_store, profiler=_profiler(settings, the_store))
     app.include_router(model_routes.router)
     app.include_router(tfserving.router)  # after infaas's own /v1/models routes (see its docstring)
     return app

@@ -116,6 +116,10 @@ class MetadataStore(Protocol):
         """One profile per variant (of `architecture`), chosen as `get_profile` does."""
         ...
 
+    def list_all_profiles(self, architecture: str | None = None) -> list[Profile]:
+        """Every machine class's profiles (of `architecture`)."""
+        ...
+
     def create_tenant(self, tenant: Tenant, api_key: str) -> None: ...
     def tenant_for_key(self, api_key: str) -> Tenant | None: ...
     def get_tenant(self, name: str) -> Tenant | None: ...
@@ -292,11 +296,14 @@ class DocumentStore(abc.ABC):
         found = [p for p in self._list(Profile, PROFILE, variant) if p.variant == variant]
         return _pick_profile(found, machine)
 
+    def list_all_profiles(self, architecture: str | None = None) -> list[Profile]:
+        return self._list(Profile, PROFILE, f"{architecture}/" if architecture else "")
+
     def list_profiles(
         self, architecture: str | None = None, machine: MachineInfo | None = None
     ) -> list[Profile]:
         by_variant: dict[str, list[Profile]] = {}
-        for p in self._list(Profile, PROFILE, f"{architecture}/" if architecture else ""):
+        for p in self.list_all_profiles(architecture):
             by_variant.setdefault(p.variant, []).append(p)
         picked = (_pick_profile(found, machine) for _, found in sorted(by_variant.items()))
         return [p for p in picked if p is not None]

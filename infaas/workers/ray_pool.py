@@ -60,13 +60,14 @@ import numpy as np
 from infaas.artifacts import ArtifactStore, LocalArtifacts, RedisArtifacts, open_artifacts, pack, unpack
 from infaas.errors import InfaasError, Unavailable
 from infaas.settings import Settings
-from infaas.types import FleetEvent, Variant, WorkerInfo
+from infaas.types import FleetEvent, MachineInfo, Variant, WorkerInfo
 from infaas.workers.channel import ChannelBroken, ChannelTimeout, CompiledChannel
 from infaas.workers.residency import EventLog, Residency, load_into, rss_mb
 
-__all__ = ["RayPool", "WorkerHost", "init_ray", "worker_group"]
+__all__ = ["RayPool", "WorkerHost", "init_ray", "stop_fleet", "worker_group"]
 
 _MB = 1024.0 * 1024.0
+_WORKER_PREFIX = "worker:"  # a shared fleet's workers are named actors worker:<group>-<slot>
 _RESTART_WAIT_S = 120.0  # a restarting TensorFlow worker takes seconds; a lost node never answers
 
 
@@ -114,6 +115,34 @@ def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
         },
     )
     return True
+
+
+def probe_machine() -> dict[str, Any]:
+    """This node's machine class (run as a Ray task pinned to the node)."""
+    from profiler.machine import local_machine
+
+    return local_machine().model_dump()
+
+
+def pinned(node_id: str) -> Any:
+    """A scheduling strategy that runs a task on `node_id` or not at all."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+def stop_fleet(settings: Settings) -> int:
+    """Kill the shared fleet's workers (named actors ``worker:*`` in `fleet_namespace`); returns
+    how many. Front ends still running lose their workers and start new ones on demand."""
+    import ray
+
+    init_ray(settings)
+    stopped = 0
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == settings.fleet_namespace and actor["name"].startswith(_WORKER_PREFIX):
+            ray.kill(ray.get_actor(actor["name"], namespace=settings.fleet_namespace), no_restart=True)
+            stopped += 1
+    return stopped
 
 
 def _import_runtime(family: str) -> None:
@@ -326,6 +355,7 @@ class RayPool:
         self._watches: set[asyncio.Task[None]] = set()
         self._dropped: list[CompiledChannel] = []  # channels of dead workers, torn down off the loop
         self._sync_lock = asyncio.Lock()
+        self._node_machines: dict[str, MachineInfo] = {}  # node id → its class (probed once)
         self._closed = False
 
     # ---- the WorkerPool protocol ------------------------------------------------------------
@@ -576,7 +606,10 @@ class RayPool:
             slots = (f"{group}-{i}" for i in itertools.count())
             worker_id = next(w for w in slots if w not in self._workers)
             options.update(
-                name=f"worker:{worker_id}", namespace=self._namespace, lifetime="detached", get_if_exists=True
+                name=f"{_WORKER_PREFIX}{worker_id}",
+                namespace=self._namespace,
+                lifetime="detached",
+                get_if_exists=True,
             )
         else:
             worker_id = f"{group}-{next(self._ids)}"
@@ -620,7 +653,7 @@ class RayPool:
             for worker_id in names - self._workers.keys():
                 try:
                     handle = await asyncio.to_thread(
-                        ray.get_actor, f"worker:{worker_id}", namespace=self._namespace
+                        ray.get_actor, f"{_WORKER_PREFIX}{worker_id}", namespace=self._namespace
                     )
                     described: dict[str, Any] = await asyncio.wait_for(handle.describe.remote(), 10.0)
                 except Exception:  # gone again, or still starting: the next round sees it
@@ -639,15 +672,51 @@ class RayPool:
                     worker.mirror(answer)
                 elif worker.worker_id not in names:  # killed for good (by an operator, a fleet-down)
                     self._workers.pop(worker.worker_id, None)
+        await self.probe_nodes()
+
+    async def probe_nodes(self) -> None:
+        """Learn the machine class of each live node not probed yet (a task pinned to it); forget
+        nodes that left."""
+        import ray
+
+        alive = await asyncio.to_thread(self._alive_nodes)
+        for node in list(self._node_machines):
+            if node not in alive:
+                del self._node_machines[node]
+        probe = ray.remote(num_cpus=0.01, max_retries=0)(probe_machine)
+        for node in alive - self._node_machines.keys():
+            try:
+                found = await asyncio.wait_for(probe.options(scheduling_strategy=pinned(node)).remote(), 30.0)
+            except Exception:  # the node is going away, or busy starting: the next round asks again
+                continue
+            self._node_machines[node] = MachineInfo.model_validate(found)
+
+    @staticmethod
+    def _alive_nodes() -> set[str]:
+        import ray
+
+        return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
+
+    def machines(self) -> tuple[tuple[MachineInfo, ...], dict[str, MachineInfo]]:
+        """(the cluster's machine classes, variant → the class of the node holding its replica), as
+        last probed (`probe_nodes`): what the router picks each variant's profile by. A variant with
+        replicas on nodes of several classes is predicted with its first replica's class."""
+        classes = {m.fingerprint: m for m in self._node_machines.values()}
+        replicas: dict[str, MachineInfo] = {}
+        for worker in self._workers.values():
+            machine = self._node_machines.get(worker.node or "")
+            if worker.alive and machine is not None:
+                for name in worker.loaded:
+                    replicas.setdefault(name, machine)
+        return tuple(classes.values()), replicas
 
     def _named_workers(self) -> set[str]:
         import ray
 
-        prefix = "worker:"
         return {
-            a["name"][len(prefix) :]
+            a["name"].removeprefix(_WORKER_PREFIX)
             for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == self._namespace and a["name"].startswith(prefix)
+            if a["namespace"] == self._namespace and a["name"].startswith(_WORKER_PREFIX)
         }
 
     async def _load_on_demand(self, variant: Variant, avoid: set[str]) -> _Worker:

@@ -92,7 +92,7 @@ def test_corrupt_bytes_are_refused_not_loaded(redis_url: str, tmp_path: Path) ->
         here._redis().hset(f"{ns}:artifact:{variant.sha256}", "data", b"tampered")
         with pytest.raises(StoreError, match="corrupt"):
             there.root(variant)
-        assert not (tmp_path / "cache" / variant.sha256).exists()
+        assert not (tmp_path / "cache" / variant.artifact).exists()
         clone = pickle.loads(pickle.dumps(there))  # what a Ray worker receives: no live client
         assert clone._client is None and clone.url == redis_url
     finally:

@@ -99,13 +99,16 @@ class Served:
 
 
 @contextmanager
-def serve_process(source: Settings, workdir: Path, env: dict[str, str] | None = None) -> Iterator[Served]:
+def serve_process(
+    source: Settings, workdir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Iterator[Served]:
     """`infaas serve` in its own process, as deployed (its latencies are not distorted by the
     test's client threads sharing its GIL), on a copy of `source`'s data dir under `workdir` (the
     session's zoo is shared: work on a copy; a second call with the same `workdir` is a restart on
-    the same data). `env` adds settings (``INFAAS_*``). Stopped with SIGINT unless the test stopped
-    it: usage flushed, workers closed, Ray stopped. It runs in a session of its own, and whatever
-    is left of that session at the end (Ray's agents outlive a SIGKILLed driver) is killed."""
+    the same data). `env` adds settings (``INFAAS_*``), `args` options of `infaas serve`. Stopped
+    with SIGINT unless the test stopped it: usage flushed, workers closed, Ray stopped. It runs in
+    a session of its own, and whatever is left of that session at the end (Ray's agents outlive a
+    SIGKILLed driver) is killed."""
     data_dir = workdir / "data"
     if not data_dir.exists():
         shutil.copytree(source.data_dir, data_dir)
@@ -123,7 +126,7 @@ def serve_process(source: Settings, workdir: Path, env: dict[str, str] | None = 
     log_path = workdir / f"serve-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from infaas.cli import main; main()", "serve"],
+        [sys.executable, "-c", "from infaas.cli import main; main()", "serve", *args],
         env=env,
         stdout=log,
         stderr=log,

@@ -19,6 +19,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,6 +209,14 @@ def test_two_front_ends_share_one_fleet_across_two_nodes(
     # Every answer is billed once: the first front end's before its kill (flushed, checked
     # above), the second's at its stop.
     assert _usage(redis_url) == _charged(answered)
+
+    # The workers outlive the front ends (detached) until the operator stops the fleet.
+    down = [sys.executable, "-c", "from infaas.cli import main; main()", "fleet-down"]
+    cluster_env = {**os.environ, "INFAAS_RAY_ADDRESS": the_cluster.address}
+    first = subprocess.run(down, env=cluster_env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(down, env=cluster_env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and "stopped 0 worker(s)" not in first.stdout, first.stdout + first.stderr
+    assert "stopped 0 worker(s)" in again.stdout, again.stdout + again.stderr
 
 
 def _settled(redis_url: str) -> tuple[int, int] | None:

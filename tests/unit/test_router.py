@@ -16,7 +16,16 @@ from infaas.errors import (
     TaskNotFound,
     Unavailable,
 )
-from infaas.router import DEFAULT_OVERHEAD_MS, PROBE_INTERVAL_S, OverheadTracker, Router, _quantile
+from infaas.router import (
+    DEFAULT_OVERHEAD_MS,
+    PROBE_INTERVAL_S,
+    Machines,
+    OverheadTracker,
+    Router,
+    Snapshot,
+    _quantile,
+    choose_profile,
+)
 from infaas.store import MemoryStore
 from infaas.types import SLO, Labels, MachineInfo, Profile
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
@@ -383,3 +392,28 @@ def test_versions_route_by_their_labels_and_the_canary_takes_its_exact_share() -
         await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_each_variant_is_predicted_with_the_profile_of_the_class_it_runs_on() -> None:
+    store = store_with_one_task()
+    cpu, gpu_only = register(store, "cpu"), register(store, "gpu")
+    measured_here = stored_profile(store, cpu)
+    big = MachineInfo(cpu_model="big cpu", cores=64)
+    gpu_node = MachineInfo(cpu_model="gpu host", cores=16, gpu="NVIDIA H200")
+    on_big = measured_here.model_copy(update={"machine": big, "price_usd_per_s": 9e-5})
+    store.put_profile(on_big)  # beside the one measured here
+    on_gpu = stored_profile(store, gpu_only).model_copy(update={"machine": gpu_node})
+    store.delete_docs("profile", f"{gpu_only}@")
+    store.put_profile(on_gpu)  # measured only on the GPU node
+
+    alone = Snapshot.load(store, MACHINE)  # one machine: its own profiles, the GPU one is foreign
+    assert alone.variants[cpu][1] == measured_here and gpu_only in alone.excluded
+
+    cluster = Machines(MACHINE, nodes=(MACHINE, big, gpu_node))
+    snap = Snapshot.load(store, cluster)
+    assert snap.variants[cpu][1] == measured_here  # not loaded anywhere: this machine's class
+    assert snap.variants[gpu_only][1] == on_gpu and not snap.excluded  # a node class of the cluster
+
+    on_the_big_node = Machines(MACHINE, nodes=(MACHINE, big, gpu_node), replicas={cpu: big})
+    assert Snapshot.load(store, on_the_big_node).variants[cpu][1] == on_big
+    assert choose_profile([measured_here, on_big], on_the_big_node, cpu) == on_big
