@@ -47,7 +47,7 @@ class Peers:
         self._store = store
         self._window = window
         self._clock = clock
-        self.lease_ttl_s = max(3.0 * interval_s, 2.0)
+        self.lease_ttl_s = max(3.0 * interval_s, 3.0)
         self.stale_after_s = self.lease_ttl_s
         self.leader = False
         self.front_ends: list[FrontEndInfo] = []  # every fresh report, this one's included

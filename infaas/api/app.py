@@ -215,18 +215,16 @@ def create_app(
             act=settings.autoscale,
             leader=(lambda: peers.leader) if peers is not None else (lambda: True),
         )
-        fleet_sync: Periodic | None = None
+        # Two loops: a sync waits on busy workers (one loading a TensorFlow variant answers late),
+        # and must not make this front end's report go stale or its lease lapse meanwhile.
+        shared_loops: list[Periodic] = []
         if peers is not None:
             await peers.tick()
-            shared_sync = sync
-
-            async def sync_round() -> None:
-                await peers.tick()
-                if shared_sync is not None:
-                    await shared_sync()
-
-            fleet_sync = Periodic("fleet-sync", settings.fleet_sync_interval_s, sync_round)
-            fleet_sync.start()
+            shared_loops.append(Periodic("fleet-peers", settings.fleet_sync_interval_s, peers.tick))
+        if sync is not None:
+            shared_loops.append(Periodic("fleet-sync", settings.fleet_sync_interval_s, sync))
+        for loop in shared_loops:
+            loop.start()
         app.state.peers = peers
         if settings.autoscale_interval_s > 0:
             if settings.autoscale:
@@ -265,8 +263,8 @@ def create_app(
             yield
         finally:
             await watchdog.close()
-            if fleet_sync is not None:
-                await fleet_sync.close()
+            for loop in shared_loops:
+                await loop.close()
             if peers is not None:
                 await peers.close()
             if recording is not None:

@@ -137,12 +137,23 @@ def stop_fleet(settings: Settings) -> int:
     import ray
 
     init_ray(settings)
-    stopped = 0
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == settings.fleet_namespace and actor["name"].startswith(_WORKER_PREFIX):
-            ray.kill(ray.get_actor(actor["name"], namespace=settings.fleet_namespace), no_restart=True)
-            stopped += 1
-    return stopped
+    workers = named_workers(settings.fleet_namespace)
+    for worker_id in workers:
+        ray.kill(
+            ray.get_actor(f"{_WORKER_PREFIX}{worker_id}", namespace=settings.fleet_namespace), no_restart=True
+        )
+    return len(workers)
+
+
+def named_workers(namespace: str) -> set[str]:
+    """The ids of the shared fleet's workers alive in `namespace`."""
+    import ray
+
+    return {
+        a["name"].removeprefix(_WORKER_PREFIX)
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == namespace and a["name"].startswith(_WORKER_PREFIX)
+    }
 
 
 def _import_runtime(family: str) -> None:
@@ -649,7 +660,7 @@ class RayPool:
         import ray
 
         async with self._sync_lock:
-            names = await asyncio.to_thread(self._named_workers)
+            names = await asyncio.to_thread(named_workers, self._namespace)
             for worker_id in names - self._workers.keys():
                 try:
                     handle = await asyncio.to_thread(
@@ -709,15 +720,6 @@ class RayPool:
                 for name in worker.loaded:
                     replicas.setdefault(name, machine)
         return tuple(classes.values()), replicas
-
-    def _named_workers(self) -> set[str]:
-        import ray
-
-        return {
-            a["name"].removeprefix(_WORKER_PREFIX)
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == self._namespace and a["name"].startswith(_WORKER_PREFIX)
-        }
 
     async def _load_on_demand(self, variant: Variant, avoid: set[str]) -> _Worker:
         group, family = worker_group(variant)

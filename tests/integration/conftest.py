@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -96,6 +98,30 @@ class Served:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def fleet(self, events: int = 200) -> dict[str, Any]:
+        """`GET /v1/admin/fleet`."""
+        with self.client(self.admin_key) as http:
+            r = http.get("/v1/admin/fleet", params={"events": events})
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            return body
+
+    def register_mlp(self, owner_key: str, name: str = "wide", task: str = "digits") -> list[str]:
+        """Register `tests.tiny_models`' ONNX MLP through `POST /v1/models` (profiled); returns
+        the names of its variants."""
+        from tests import tiny_models
+
+        x, y = tiny_models.digits(200)
+        files = {
+            "model": (f"{name}.onnx", tiny_models.mlp_onnx()),
+            "validation": ("val.npz", tiny_models.validation_bytes(x, y)),
+        }
+        meta = {"name": name, "task": task, "profile": True}
+        with self.client(owner_key) as http:
+            r = http.post("/v1/models", files=files, data={"metadata": json.dumps(meta)}, timeout=600)
+            assert r.status_code == 201, r.text
+            return [v["name"] for v in http.get(f"/v1/models/{name}/variants").json()["variants"]]
 
 
 @contextmanager

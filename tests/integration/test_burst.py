@@ -5,7 +5,6 @@ service refuse 98 % of this feasible work): at most 1 % refused, nothing failed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -21,17 +20,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 def test_a_burst_right_after_registration_is_served_not_refused(tmp_path: Path) -> None:
     empty = Settings(data_dir=tmp_path / "empty")
     empty.data_dir.mkdir()
-    x, y = tiny_models.digits(200)
+    x, _ = tiny_models.digits(200)
     with serve_process(empty, tmp_path / "run", env={"INFAAS_PROFILE_QUICK": "1"}) as served:
         key = served.new_tenant("acme", role="owner")
-        files = {
-            "model": ("wide.onnx", tiny_models.mlp_onnx()),
-            "validation": ("val.npz", tiny_models.validation_bytes(x, y)),
-        }
-        meta = {"name": "wide", "task": "digits", "profile": True}
-        with served.client(key) as http:
-            r = http.post("/v1/models", files=files, data={"metadata": json.dumps(meta)}, timeout=600)
-        assert r.status_code == 201, r.text
+        served.register_mlp(key)
         body = {"task": "digits", "inputs": [x[0].tolist()], "latency_ms": 500}
         result = closed_loop(f"{served.url}/v1/query", key, body, concurrency=64, total=3000)
         with served.client(served.admin_key) as admin:

@@ -15,7 +15,6 @@ Token auth: the cluster and the front ends run as the same user on one host and 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -53,16 +52,8 @@ def cluster() -> Iterator[tuple[Any, Any]]:
         c.shutdown()
 
 
-def _fleet(fe: Served) -> dict[str, Any]:
-    with fe.client(fe.admin_key) as admin:
-        r = admin.get("/v1/admin/fleet", params={"events": 0})
-        assert r.status_code == 200, r.text
-        body: dict[str, Any] = r.json()
-        return body
-
-
 def _placement(fe: Served) -> dict[str, tuple[str, ...]]:
-    return {w["worker_id"]: tuple(sorted(w["loaded"])) for w in _fleet(fe)["workers"] if w["alive"]}
+    return {w["worker_id"]: tuple(sorted(w["loaded"])) for w in fe.fleet(0)["workers"] if w["alive"]}
 
 
 def _query(fe: Served, key: str, body: dict[str, Any], answered: list[dict[str, Any]]) -> httpx.Response:
@@ -130,20 +121,8 @@ def test_two_front_ends_share_one_fleet_across_two_nodes(
 
         # Registered through the first front end; the second one's data dir never gets it.
         owner = fe1.new_tenant("acme", role="owner")
-        x, y = tiny_models.digits(200)
-        files = {
-            "model": ("wide.onnx", tiny_models.mlp_onnx()),
-            "validation": ("val.npz", tiny_models.validation_bytes(x, y)),
-        }
-        meta = {"name": "wide", "task": "digits", "profile": True}
-        with fe1.client(owner) as http:
-            r = http.post("/v1/models", files=files, data={"metadata": json.dumps(meta)}, timeout=600)
-            assert r.status_code == 201, r.text
-            variants = [
-                v["name"]
-                for v in http.get("/v1/models/wide/variants").json()["variants"]
-                if v["runtime"] == "onnxruntime"
-            ]
+        variants = fe1.register_mlp(owner)
+        x, _ = tiny_models.digits(200)
         shutil.rmtree(tmp_path / "fe1" / "data" / "artifacts")
         assert not any((tmp_path / "fe2" / "data").glob("artifacts/**/*.onnx"))
         assert len(variants) >= 2, variants
@@ -161,7 +140,7 @@ def test_two_front_ends_share_one_fleet_across_two_nodes(
                 r = _query(fe, owner, pinned, answered)
                 assert r.status_code == 200, (fe.url, r.text)
                 assert r.json()["variant"] == name
-        one = _fleet(fe1)
+        one = fe1.fleet(0)
         assert one["replicas"] == {name: 1 for name in variants}, one["replicas"]
         _wait("both front ends to show the same fleet", lambda: _placement(fe1) == _placement(fe2))
         leaders = [f["name"] for f in one["front_ends"] if f["leader"]]
@@ -178,14 +157,14 @@ def test_two_front_ends_share_one_fleet_across_two_nodes(
         _wait(
             "the second front end to lead alone",
             lambda: (
-                [(f["name"].split("@")[0], f["leader"]) for f in _fleet(fe2)["front_ends"]] == [("b", True)]
+                [(f["name"].split("@")[0], f["leader"]) for f in fe2.fleet(0)["front_ends"]] == [("b", True)]
             ),
         )
 
         # The second node dies under open-loop load on a variant it hosts: no request is lost
         # silently, and the variant is placed again on the node that is left.
-        on_second = [w for w in _fleet(fe2)["workers"] if w["node"] == second.node_id and w["loaded"]]
-        assert on_second, f"no worker was placed on the second node: {_fleet(fe2)['workers']}"
+        on_second = [w for w in fe2.fleet(0)["workers"] if w["node"] == second.node_id and w["loaded"]]
+        assert on_second, f"no worker was placed on the second node: {fe2.fleet(0)['workers']}"
         victim = on_second[0]["loaded"][0]
         body = {"task": "digits", "inputs": row, "latency_ms": 10_000, "variant": victim}
         load = OpenLoopLoad(f"{fe2.url}/v1/query", owner, body, rate_per_s=20, timeout_s=60).start()
@@ -200,7 +179,7 @@ def test_two_front_ends_share_one_fleet_across_two_nodes(
         answered += result.answered()
         moved = _wait(
             f"{victim} to be placed on the node left",
-            lambda: [w for w in _fleet(fe2)["workers"] if w["alive"] and victim in w["loaded"]],
+            lambda: [w for w in fe2.fleet(0)["workers"] if w["alive"] and victim in w["loaded"]],
         )
         assert all(w["node"] != second.node_id for w in moved), moved
         late = [o for o in result.outcomes if o.status == 200 and o.body and not o.body["slo_met"]]

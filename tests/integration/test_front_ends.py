@@ -60,8 +60,12 @@ def test_two_front_ends_share_the_port_and_the_fleet(small_zoo: Settings, tmp_pa
         assert len(seen) == 2, seen  # both processes answered on the one port
         r = _fresh(served, served.admin_key, "GET", "/v1/admin/fleet", params={"events": 0})
         assert r.json()["replicas"].get(variant) == 1, r.json()["replicas"]  # loaded once for both
-        names = [f["name"] for f in _front_ends(served)]
-        assert len(names) == 2 and sum(f["leader"] for f in _front_ends(served)) == 1
+        # Each front end lists the others as of its last report round (every 0.5 s here).
+        deadline = time.monotonic() + 10
+        while len(listed := _front_ends(served)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(listed) == 2 and sum(f["leader"] for f in listed) == 1, listed
+        names = [f["name"] for f in listed]
 
         # SIGKILL one front end under open-loop load; the supervisor starts it again (it has run
         # for more than its crash-loop guard by now, or this waits until it has).

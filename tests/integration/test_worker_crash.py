@@ -38,16 +38,8 @@ def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield served
 
 
-def fleet(server: Served) -> dict[str, Any]:
-    with server.client(server.admin_key) as http:
-        r = http.get("/v1/admin/fleet", params={"events": 200})
-        assert r.status_code == 200, r.text
-        body: dict[str, Any] = r.json()
-        return body
-
-
 def holder(server: Served, variant: str) -> dict[str, Any]:
-    workers = [w for w in fleet(server)["workers"] if variant in w["loaded"] and w["alive"]]
+    workers = [w for w in server.fleet()["workers"] if variant in w["loaded"] and w["alive"]]
     assert len(workers) == 1, workers
     return workers[0]
 
@@ -103,7 +95,7 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
             assert "died" in body["detail"] or "lost" in body["detail"] or "restart" in body["detail"], body
 
     # The loss was noticed and recorded (not swallowed): a crash of that worker in the fleet log.
-    events = fleet(server)["events"]
+    events = server.fleet()["events"]
     crashes = [e for e in events if e["kind"] == "crash" and e["worker_id"] == victim["worker_id"]]
     assert crashes, events[:20]
     # ... and the requests it caught were sent on rather than dropped: the batch that met the dead
@@ -114,11 +106,11 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
     # The actor restarts (a new process under the same worker id) and the service answers again.
     deadline = time.monotonic() + 60
     while True:
-        workers = {w["worker_id"]: w for w in fleet(server)["workers"]}
+        workers = {w["worker_id"]: w for w in server.fleet()["workers"]}
         restarted = workers.get(victim["worker_id"])
         if restarted is not None and restarted["alive"] and restarted["pid"] not in (None, victim["pid"]):
             break
-        assert time.monotonic() < deadline, (victim, workers, fleet(server)["events"][:12])
+        assert time.monotonic() < deadline, (victim, workers, server.fleet()["events"][:12])
         time.sleep(0.5)
     with server.client(key) as http:
         again = query(http, len(rows))
