@@ -473,7 +473,7 @@ def serve_on(data_dir: Path, kind: str, log: Path, settings: dict[str, str]) -> 
         "TF_CPP_MIN_LOG_LEVEL": "3",
         **settings,
     }
-    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve"]
+    cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve", "--workers", "1"]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(kind, proc, f"http://127.0.0.1:{port}/v1/query")

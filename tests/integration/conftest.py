@@ -152,7 +152,8 @@ def serve_process(
     log_path = workdir / f"serve-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from infaas.cli import main; main()", "serve", *args],
+        # One front end unless asked: the default follows the cores, and tests must not.
+        [sys.executable, "-c", "from infaas.cli import main; main()", "serve", *(args or ("--workers", "1"))],
         env=env,
         stdout=log,
         stderr=log,
