@@ -131,7 +131,7 @@ def create_app(
         resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None
         sync: Callable[[], Awaitable[None]] | None = None
         machines: Callable[[], Machines] | None = None
-        if settings.redis_url and app.state.registry.artifacts.shared:
+        if app.state.registry.artifacts.shared:
             # Artifacts registered before the store was shared become fetchable by every node.
             await asyncio.to_thread(app.state.registry.publish_artifacts)
         if pool is None:
