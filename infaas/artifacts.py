@@ -150,6 +150,11 @@ class RedisArtifacts:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "fetched": []}
 
+    def for_nodes(self) -> RedisArtifacts:
+        """A copy for processes on any node (workers, node profilers): it never reads this front
+        end's data directory, only Redis and the node's own cache."""
+        return RedisArtifacts(self.url, namespace=self.namespace, timeout_s=self.timeout_s)
+
     def _redis(self) -> Any:
         if self._client is None:
             import redis

@@ -205,7 +205,6 @@ class WorkerHost:
             "group": self._group,
             "family": self._family,
             "node": ray.get_runtime_context().get_node_id(),
-            "fetched": list(self._artifacts.fetched) if self._artifacts is not None else [],
             "pid": os.getpid(),
             "loaded": [(name, r.memory_mb(name)) for name in r.names],
             "used_mb": r.used_mb,
@@ -625,7 +624,7 @@ class RayPool:
         else:
             worker_id = f"{group}-{next(self._ids)}"
         # Workers fetch from a shared artifact store themselves; else the front end sends bytes.
-        fetcher = self._store if isinstance(self._store, RedisArtifacts) else None
+        fetcher = self._store.for_nodes() if isinstance(self._store, RedisArtifacts) else None
         handle = self._actor_cls.options(**options).remote(worker_id, group, family, self._budget_mb, fetcher)
         worker = _Worker(worker_id=worker_id, group=group, family=family, handle=handle, node=node)
         self._workers[worker_id] = worker

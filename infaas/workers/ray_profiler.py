@@ -57,7 +57,7 @@ class RayProfiler:
         self, settings: Settings, store: MetadataStore, artifacts: RedisArtifacts, *, quick: bool
     ) -> None:
         self._store = store
-        self._artifacts = artifacts
+        self._artifacts = artifacts.for_nodes()
         self._quick = quick
         self._prices = load_price_table(settings.price_table)
 

@@ -93,8 +93,9 @@ def test_corrupt_bytes_are_refused_not_loaded(redis_url: str, tmp_path: Path) ->
         with pytest.raises(StoreError, match="corrupt"):
             there.root(variant)
         assert not (tmp_path / "cache" / variant.artifact).exists()
-        clone = pickle.loads(pickle.dumps(there))  # what a Ray worker receives: no live client
-        assert clone._client is None and clone.url == redis_url
+        clone = pickle.loads(pickle.dumps(here.for_nodes()))  # what a Ray worker receives
+        assert clone._client is None and clone.url == redis_url and clone.namespace == ns
+        assert clone.local_dir is None  # never the front end's data directory
     finally:
         here._redis().delete(f"{ns}:artifact:{variant.sha256}")
 
