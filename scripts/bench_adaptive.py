@@ -131,17 +131,25 @@ def run_real(data_dir: Path, work: Path, mode: str, trace: Trace, pins: dict[str
             name: _request(f"{base}/v1/admin/tenants", {"name": name.replace("/", "-")}, ADMIN_KEY)["api_key"]
             for name in trace.tenants
         }
+        # The fleet's cost over the replay only, as the simulation integrates it over the trace
+        # (the service's total also holds its start-up and warm-up, before the first query).
+        before = _fleet_usd(base)
         result = asyncio.run(replay(server, trace, keys, pins))
-        import urllib.request
-
-        req = urllib.request.Request(
-            f"{base}/v1/admin/fleet?events=0", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            result["fleet_usd"] = json.loads(resp.read())["cost"]["total_usd"]
+        result["fleet_usd"] = _fleet_usd(base) - before
     finally:
         stop_server(server)
     return result
+
+
+def _fleet_usd(base: str) -> float:
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{base}/v1/admin/fleet?events=0", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        total: float = json.loads(resp.read())["cost"]["total_usd"]
+        return total
 
 
 def run_sim(zoo: Zoo, trace: Trace, mode: Mode) -> tuple[dict[str, Any], dict[str, str]]:
