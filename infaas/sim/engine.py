@@ -16,7 +16,10 @@ test checks they are the very objects the service imports):
   `Autoscaler.snapshot` builds it (the service's `DemandWindow` over the last 5 s, fed the same
   `MeterRecord`s; `capacity_rows_per_s`; warm floors from `cheapest_variants`);
 - money: `metering.cost_share_pusd` for what a query is charged; fleet cost is replicas × the
-  profile's price × time, as `FleetCost` integrates it.
+  profile's price × time, as `FleetCost` integrates it;
+- placement: `workers.placement.decide_where`, the rule that runs a sub-hop variant in the front
+  end (one copy on the front end's core, no hop, its batches capped; the autoscaler upgrades its
+  traffic instead of replicating it) and every other on worker replicas.
 
 What is simulated (the worker model), and how it departs from the service:
 
@@ -69,6 +72,7 @@ from infaas.router import DEFAULT_OVERHEAD_MS, cheapest_variants
 from infaas.sim.traces import Trace
 from infaas.sim.zoo import Zoo
 from infaas.types import SLO, Profile, Variant
+from infaas.workers.placement import decide_where
 
 __all__ = [
     "MODES",
@@ -99,6 +103,7 @@ POLICIES: dict[str, object] = {
     "batching.predicted_queue_delay_ms": queue_delay_policy,
     "autoscaling.decide": autoscale_policy,
     "metering.cost_share_pusd": cost_share_pusd,
+    "placement.decide_where": decide_where,
 }
 
 _ALLOWED: dict[Mode, frozenset[str] | None] = {
@@ -108,6 +113,7 @@ _ALLOWED: dict[Mode, frozenset[str] | None] = {
 }
 
 _DONE, _TIMER, _READY, _TICK = 0, 1, 2, 3  # event kinds; at equal times, completions go first
+_FRONT_END = -1  # the "worker" of a variant that runs in the front end
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,9 @@ class SimConfig:
     workers: int = 4
     cores: int = 8
     hop_ms: float = 0.8  # the Ray hop per batch (DESIGN.md measures ~0.7 ms)
+    # Variants under this single-row p99 run in the front end, as the service places them
+    # (`workers.placement.decide_where`, INFAAS_FAST_PATH_MAX_MS): one copy, no hop; 0: none.
+    fast_path_max_ms: float = 0.25
     frontend_ms: float = 0.1  # the front end's own time per query (parse, route, reply)
     reserved_cores: int = 1  # the front end's
     max_in_flight: int = 2  # batches in flight per replica (the batcher's default)
@@ -239,13 +248,20 @@ def _plus(latency_ms: Callable[[int], float], wait_ms: float, rows: int) -> floa
 class _VQ:
     """One variant: its replicas and the batcher's queue for it."""
 
-    def __init__(self, variant: Variant, profile: Profile, task: str, overhead_ms: float) -> None:
+    def __init__(
+        self, variant: Variant, profile: Profile, task: str, hop_ms: float, local_rows: int | None = None
+    ) -> None:
         self.variant = variant
         self.profile = profile
         self.name = variant.name
         self.task = task
         self.threads = variant.spec.threads
-        self.max_batch = variant.spec.max_batch
+        # In the front end (`local_rows`: its batch cap there): one copy, on the front end's own
+        # core, and no hop.
+        self.local = local_rows is not None
+        self.hop_ms = 0.0 if self.local else hop_ms
+        overhead_ms = self.hop_ms
+        self.max_batch = min(variant.spec.max_batch, local_rows or variant.spec.max_batch)
         top = self.max_batch + 1
         # The profile's curves, read once: Profile.latency_ms interpolates on every call.
         self.p50 = [0.0] + [profile.latency_ms(b, "p50") for b in range(1, top)]
@@ -316,7 +332,8 @@ class Simulation:
         by_task = zoo.by_task()
         self._tables = {task: VariantTable(entries) for task, entries in by_task.items()}
         self._vqs: dict[str, _VQ] = {
-            v.name: _VQ(v, p, zoo.tasks[v.architecture], cfg.hop_ms) for v, p in zoo.variants.values()
+            v.name: _VQ(v, p, zoo.tasks[v.architecture], cfg.hop_ms, self._local_rows(v, p))
+            for v, p in zoo.variants.values()
         }
         self._task_names = {task: [v.name for v, _ in entries] for task, entries in by_task.items()}
         self._delays = {task: _Delays(self, names) for task, names in self._task_names.items()}
@@ -340,22 +357,35 @@ class Simulation:
 
     # ---- the fleet --------------------------------------------------------------------------
 
+    def _local_rows(self, variant: Variant, profile: Profile) -> int | None:
+        """The batch cap of a variant the service would run in its front end, else None."""
+        if self.config.fast_path_max_ms <= 0:
+            return None
+        where = decide_where(variant, profile, self.config.fast_path_max_ms)
+        return where.max_rows if where.path == "local" else None
+
     def _place(self, vq: _VQ, ready_at_s: float) -> bool:
-        """One more replica of `vq` on the first worker with room (first fit)."""
-        need = vq.threads
-        for w, free in enumerate(self._free):
-            if free >= need:
-                self._free[w] = free - need
-                vq.replicas.append(_Replica(w, ready_at_s))
-                self._charge()
-                self._fleet_rate += vq.profile.price_usd_per_s
-                if ready_at_s <= self.now_s:
-                    self._ready(vq)
-                else:
-                    self._push(ready_at_s, _READY, vq)
-                self._recap(vq)
-                return True
-        return False
+        """One more replica of `vq` on the first worker with room (first fit); a front-end
+        variant has one copy, which takes no worker's cores."""
+        if vq.local:
+            if vq.replicas:
+                return False
+            where = _FRONT_END
+        else:
+            room = [w for w, free in enumerate(self._free) if free >= vq.threads]
+            if not room:
+                return False
+            where = room[0]
+            self._free[where] -= vq.threads
+        vq.replicas.append(_Replica(where, ready_at_s))
+        self._charge()
+        self._fleet_rate += vq.profile.price_usd_per_s
+        if ready_at_s <= self.now_s:
+            self._ready(vq)
+        else:
+            self._push(ready_at_s, _READY, vq)
+        self._recap(vq)
+        return True
 
     def _drop(self, vq: _VQ, keep: int) -> None:
         """Down to `keep` replicas: the still-loading ones go first, then the last placed."""
@@ -363,7 +393,8 @@ class Simulation:
         vq.replicas.sort(key=lambda r: r.ready_at_s <= self.now_s, reverse=True)
         while len(vq.replicas) > keep:
             r = vq.replicas.pop()
-            self._free[r.worker] += vq.threads
+            if r.worker != _FRONT_END:
+                self._free[r.worker] += vq.threads
             self._charge()
             self._fleet_rate -= vq.profile.price_usd_per_s
         vq.ready = sum(1 for r in vq.replicas if r.ready_at_s <= self.now_s)
@@ -727,7 +758,7 @@ class Simulation:
         if sigma > 0:
             run_ms *= math.exp(self._rng.normal(-sigma * sigma / 2.0, sigma))
         replica.free_at_s = start_s + run_ms / 1000.0
-        self._push(start_s + (run_ms + self.config.hop_ms) / 1000.0, _DONE, (vq, batch_id, batch, rows))
+        self._push(start_s + (run_ms + vq.hop_ms) / 1000.0, _DONE, (vq, batch_id, batch, rows))
 
     def _arm(self, vq: _VQ, when_s: float | None) -> None:
         if when_s == vq.timer_at:
@@ -796,6 +827,7 @@ class Simulation:
                     accuracy=vq.profile.accuracy,
                     price_usd_per_s=vq.profile.price_usd_per_s,
                     cpus=float(vq.threads),
+                    remote=not vq.local,
                     arrival_rows_per_s=d.rows_per_s,
                     pressure_rows_per_s=d.pressure_rows_per_s,
                     queue_age_ms=(now_s - vq.pending[0].arrival_s) * 1000.0

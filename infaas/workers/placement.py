@@ -30,7 +30,7 @@ from infaas.types import FleetEvent, Profile, Variant, WorkerInfo
 from infaas.workers.base import WorkerPool
 from infaas.workers.residency import EventLog
 
-__all__ = ["Path", "Placement", "Where"]
+__all__ = ["Path", "Placement", "Where", "decide_where"]
 
 Path = Literal["local", "remote"]
 _INLINE_RUNTIMES = frozenset({"onnxruntime", "sklearn"})
@@ -43,6 +43,22 @@ class Where:
 
 
 _REMOTE = Where("remote")
+
+
+def decide_where(
+    variant: Variant, profile: Profile, inline_max_ms: float = 0.25, inline_max_memory_mb: float = 64.0
+) -> Where:
+    """The placement rule (module docstring), pure: the simulator applies it too."""
+    if (
+        variant.spec.runtime not in _INLINE_RUNTIMES
+        or variant.spec.hardware != "cpu"
+        or profile.status != "ok"
+        or not 0.0 < profile.memory_mb <= inline_max_memory_mb
+        or profile.latency_ms(1, "p99") > inline_max_ms
+    ):
+        return _REMOTE
+    fits = [p.batch for p in profile.points if p.p99_ms <= inline_max_ms]
+    return Where("local", max_rows=min(variant.spec.max_batch, max(fits, default=1)))
 
 
 class Placement:
@@ -84,19 +100,9 @@ class Placement:
         return where
 
     def _decide(self, variant: Variant, profile: Profile | None) -> Where:
-        if (
-            self.local is None
-            or profile is None
-            or variant.name in self._demoted
-            or variant.spec.runtime not in _INLINE_RUNTIMES
-            or variant.spec.hardware != "cpu"
-            or profile.status != "ok"
-            or not 0.0 < profile.memory_mb <= self._inline_max_memory_mb
-            or profile.latency_ms(1, "p99") > self._inline_max_ms
-        ):
+        if self.local is None or profile is None or variant.name in self._demoted:
             return _REMOTE
-        fits = [p.batch for p in profile.points if p.p99_ms <= self._inline_max_ms]
-        return Where("local", max_rows=min(variant.spec.max_batch, max(fits, default=1)))
+        return decide_where(variant, profile, self._inline_max_ms, self._inline_max_memory_mb)
 
     def path(self, variant: str) -> Path:
         known = self._where.get(variant)

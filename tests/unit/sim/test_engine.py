@@ -13,6 +13,7 @@ import infaas.policy.autoscaling
 import infaas.policy.batching
 import infaas.policy.selection
 import infaas.router
+import infaas.workers.placement
 from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.sim import engine
 from infaas.sim.engine import SimConfig, Simulation, simulate
@@ -95,6 +96,7 @@ def test_the_simulator_runs_the_very_policy_functions_the_service_imports() -> N
     assert engine.cost_share_pusd is infaas.metering.cost_share_pusd
     assert engine.VariantTable is infaas.router.VariantTable
     assert engine.DemandWindow is infaas.autoscaler.DemandWindow
+    assert engine.decide_where is infaas.workers.placement.decide_where
     assert set(engine.POLICIES.values()) >= {
         infaas.policy.selection.VariantTable.select,
         infaas.policy.batching.decide,
@@ -132,6 +134,23 @@ def test_a_batch_completes_at_its_start_plus_the_profiles_latency_plus_the_hop()
     assert done_s[0] == pytest.approx(0.5 + (profile.latency_ms(1, "p50") + 0.8) / 1000.0)
     assert latency_ms[0] == pytest.approx(profile.latency_ms(1, "p50") + 0.8 + 0.1)
     assert result.total.in_slo == 1
+
+
+def test_a_sub_hop_variant_runs_in_the_front_end_one_copy_no_hop_no_worker_cores() -> None:
+    variant, profile = entry("m", base_ms=0.02, per_row_ms=0.001)
+    profile = profile.model_copy(update={"memory_mb": 5.0})  # small: the service runs it inline
+    cfg = SimConfig(hop_ms=0.8, frontend_ms=0.1, workers=1, cores=2)
+    burst = [q(0.5 + i / 20_000) for i in range(4000)]  # 20 000 queries/s for 0.2 s
+    sim = Simulation(zoo_of((variant, profile)), trace_of(*burst), "modelless", cfg)
+    result = sim.run()
+    _, latency_ms = sim.answers()
+    assert latency_ms.min() == pytest.approx(profile.latency_ms(1, "p50") + 0.1)  # no hop
+    assert sim._free == [2]  # the front end's copy holds no worker core
+    assert len(sim._vqs[variant.name].replicas) == 1  # never replicated
+    assert result.total.in_slo > 0
+    off = Simulation(zoo_of((variant, profile)), trace_of(q(0.5)), "modelless", SimConfig(fast_path_max_ms=0))
+    off.run()
+    assert off.answers()[1][0] == pytest.approx(profile.latency_ms(1, "p50") + 0.8 + 0.1)
 
 
 def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() -> None:
