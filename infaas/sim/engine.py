@@ -428,11 +428,12 @@ class Simulation:
         return float(max(0, sum(self._free) - self.config.reserved_cores))
 
     def _setup(self) -> None:
-        """The fleet at time 0, ready: the warm-up's floors, the pinned baselines' variants."""
+        """The fleet at time 0, ready: the warm-up's floors (the service warms them up in every
+        mode), then the pinned baselines' variants."""
         trace = self.trace
+        for name in sorted(self._floors):
+            self._place(self._vqs[name], 0.0)
         if self.mode == "modelless":
-            for name in sorted(self._floors):
-                self._place(self._vqs[name], 0.0)
             return
         for ti, tenant in enumerate(self._tenants):
             table = self._tables.get(tenant.task)
@@ -463,8 +464,9 @@ class Simulation:
         if self.mode == "static":
             replicas = self._static_replicas(pinned)
         for name in pinned:
-            for _ in range(replicas[name]):
-                if not self._place(self._vqs[name], 0.0):
+            vq = self._vqs[name]
+            for _ in range(replicas[name] - len(vq.replicas)):  # a floor may be pinned too
+                if not self._place(vq, 0.0):
                     break
 
     @property
