@@ -152,8 +152,9 @@ def _fleet_usd(base: str) -> float:
         return total
 
 
-def run_sim(zoo: Zoo, trace: Trace, mode: Mode) -> tuple[dict[str, Any], dict[str, str]]:
-    sim = Simulation(zoo, trace, mode, SimConfig(workers=1, cores=os.cpu_count() or 2))
+def run_sim(zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float) -> tuple[dict[str, Any], dict[str, str]]:
+    config = SimConfig(workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms)
+    sim = Simulation(zoo, trace, mode, config)
     pins = sim.pins
     res = sim.run()
     t = res.total
@@ -180,6 +181,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=150.0, help="mean queries/s of the bursty trace")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--frontend-ms",
+        type=float,
+        default=0.375,
+        help="the front end's CPU per query in the simulation: 1 / the c=64 req/s of bench_serving's "
+        "infaas-service row on this machine (2 663 req/s, docs/benchmarks.md 'Scale-out')",
+    )
+    parser.add_argument(
         "--slack-ms",
         type=float,
         default=10.0,
@@ -200,7 +208,7 @@ def main() -> None:
         print(f"==> trace: {len(trace)} queries over {trace.duration_s:.0f} s; classes: {classes}")
         rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         for mode in args.modes:
-            sim, pins = run_sim(zoo, trace, mode)
+            sim, pins = run_sim(zoo, trace, mode, args.frontend_ms)
             print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
             real = run_real(data_dir, work, mode, trace, pins)
             rows.append((mode, real, sim))

@@ -24,14 +24,17 @@ test checks they are the very objects the service imports):
 What is simulated (the worker model), and how it departs from the service:
 
 - `workers` machines of `cores` cores; a replica holds `threads` cores of one machine (first fit),
-  runs one batch at a time, and is ready `load_time_s` after it is placed. The free cores the
-  autoscaler sees are the cluster's free cores less one reserved for the front end; a placement
-  that fragmentation defeats is skipped, as the service skips an action that fails.
+  runs one batch at a time, and is ready `load_time_s` after it is placed. Every mode starts with
+  the warm-up's floors loaded (the cheapest variant of each architecture), as the service does.
+  The free cores the autoscaler sees are the cluster's free cores less one reserved for the front
+  end; a placement that fragmentation defeats is skipped, as the service skips an action that
+  fails.
 - A batch runs for the profile's p50 at its rows (times a log-normal noise factor of mean 1 when
-  `noise` > 0), then the Ray hop (`hop_ms`, all of it after the run); an answer's latency adds
-  the front end's own `frontend_ms`. The router's overhead estimate (a measured p99 in the
-  service) is the constant ``hop_ms + frontend_ms`` here, and the batcher's learned overhead is
-  `hop_ms`; there is no slowdown from machines shared by other processes.
+  `noise` > 0), then the Ray hop (`hop_ms`, all of it after the run; none in the front end); an
+  answer's latency adds the front end's own `frontend_ms`. The router's overhead estimate (a
+  measured p99 in the service) is the constant ``hop_ms + frontend_ms`` here, and the batcher's
+  learned overhead is the variant's hop; there is no slowdown from machines shared by other
+  processes.
 - Not modelled: memory budgets and LRU eviction, quarantine, the router's probes while refusing,
   retries by clients, several front ends. A removed replica's running batches still finish.
 
@@ -126,7 +129,9 @@ class SimConfig:
     # Variants under this single-row p99 run in the front end, as the service places them
     # (`workers.placement.decide_where`, INFAAS_FAST_PATH_MAX_MS): one copy, no hop; 0: none.
     fast_path_max_ms: float = 0.25
-    frontend_ms: float = 0.1  # the front end's own time per query (parse, route, reply)
+    # The front end's own CPU per query (parse, route, reply), on its one core: queries wait for
+    # it under load, and the router's measured overhead grows by that wait.
+    frontend_ms: float = 0.1
     reserved_cores: int = 1  # the front end's
     max_in_flight: int = 2  # batches in flight per replica (the batcher's default)
     max_queue_rows: int = 4096  # the batcher's bound (INFAAS_MAX_QUEUE_ROWS)
@@ -321,6 +326,7 @@ class Simulation:
         self.now_s = 0.0
         self._rng = np.random.default_rng(cfg.seed)
         self._overhead_ms = cfg.hop_ms + cfg.frontend_ms
+        self._fe_free_s = 0.0  # when the front end's core is next free
         self._heap: list[tuple[float, int, int, Any]] = []  # (time, kind, sequence, payload)
         self._seq = 0
         self._step = 0
@@ -591,7 +597,12 @@ class Simulation:
             return
         slo = self._slo(latency_ms, min_accuracy)
         loaded = self._loaded[task]
-        live = LiveState(loaded, self._delays[task], self._overhead_ms)
+        # The front end takes the query when its core is free: that wait is part of its latency,
+        # and of the overhead the router measures and admits by.
+        start_s = max(self.now_s, self._fe_free_s)
+        self._fe_free_s = start_s + self.config.frontend_ms / 1000.0
+        waited_s = start_s - self.now_s
+        live = LiveState(loaded, self._delays[task], self._overhead_ms + waited_s * 1000.0)
         pinned = self._pinned.get(tenant)
         if pinned is not None:
             name = self._route_pinned(table, tenant, pinned, rows, slo, live)
@@ -610,7 +621,7 @@ class Simulation:
             result.failed += 1
             self._meter(tenant, name, "unavailable", rows, 0, slo)
             return
-        item = _Item(rows, self.now_s, slo, tenant)
+        item = _Item(rows, self.now_s - waited_s, slo, tenant)  # its clock started at the door
         vq.pending.append(item)
         vq.queued_rows += rows
         self._pump(vq)
@@ -760,6 +771,8 @@ class Simulation:
         if sigma > 0:
             run_ms *= math.exp(self._rng.normal(-sigma * sigma / 2.0, sigma))
         replica.free_at_s = start_s + run_ms / 1000.0
+        if vq.local:  # the front end's core runs it: the queries after it wait that much longer
+            self._fe_free_s = max(self._fe_free_s, start_s) + run_ms / 1000.0
         self._push(start_s + (run_ms + vq.hop_ms) / 1000.0, _DONE, (vq, batch_id, batch, rows))
 
     def _arm(self, vq: _VQ, when_s: float | None) -> None:

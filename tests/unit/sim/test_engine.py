@@ -153,6 +153,15 @@ def test_a_sub_hop_variant_runs_in_the_front_end_one_copy_no_hop_no_worker_cores
     assert off.answers()[1][0] == pytest.approx(profile.latency_ms(1, "p50") + 0.8 + 0.1)
 
 
+def test_a_saturated_front_end_makes_queries_wait_and_the_router_refuse() -> None:
+    zoo = zoo_of(entry("m", base_ms=1.0, per_row_ms=0.01))
+    flood = trace_of(*(q(0.1 + i / 3000, latency_ms=30.0) for i in range(3000)))  # 3 000/s for 1 s
+    slow = simulate(zoo, flood, "modelless", SimConfig(workers=1, cores=8, frontend_ms=1.0))
+    fast = simulate(zoo, flood, "modelless", SimConfig(workers=1, cores=8, frontend_ms=0.01))
+    assert slow.total.refused > 1000  # 1 000 queries/s of front end for 3 000/s of arrivals
+    assert fast.total.refused == 0 and fast.total.in_slo == 3000
+
+
 def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() -> None:
     cheap, dear = entry("m", base_ms=4.0), entry("n", base_ms=1.0, price_usd_per_s=1e-3)
     # Queries a microsecond apart on one replica: the second batch waits for the first.
