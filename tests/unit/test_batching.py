@@ -318,3 +318,39 @@ async def test_a_busy_machine_slows_compute_bound_batches_and_the_predictions_fo
     assert 2.5 < batcher.slowdown(v.name) <= 3.0
     assert batcher.overhead_ms(v.name) == 0.0  # the hop estimate is left alone
     await batcher.close()
+
+
+async def test_batches_that_finish_early_do_not_push_the_queue_estimate_ahead_of_the_clock() -> None:
+    # One replica, two batches in flight: the second waits behind the first, predicted to start at
+    # the first's predicted finish. Each batch takes 1 ms where 2 ms were predicted: chained on
+    # predictions, the estimate drifted 1 ms further ahead of the clock per batch.
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=2, initial_overhead_ms=0.0)
+    v = make_variant(max_batch=1)
+    p = make_profile(v)  # 2 ms at one row
+    tasks = [asyncio.create_task(batcher.submit(v, p, rows(float(i)), 1e9)) for i in range(2)]
+    await settle()
+    for i in range(200):  # keep two in flight: each one done makes room for one more
+        timer.advance(0.001)
+        pool.release()
+        await settle()
+        tasks.append(asyncio.create_task(batcher.submit(v, p, rows(float(i)), 1e9)))
+        await settle()
+    # Two batches in flight, one running and one behind it: at most 2 + 2 ms to wait, not 200.
+    assert batcher.in_flight() == {v.name: 2}
+    assert batcher.queue_delay_ms(v.name) <= 4.0 + 1e-6
+    pool.release(len(pool.batches))
+    await asyncio.gather(*tasks)
+    await batcher.close()
+
+
+async def test_a_fast_path_queue_carries_no_hop_prior() -> None:
+    remote, local = RecordingPool(), RecordingPool()
+    batcher = AsyncBatcher(Placement(remote, local), timer=ManualTimer(), initial_overhead_ms=1.0)
+    tiny, slow = make_variant("tiny"), make_variant("slow")
+    await batcher.submit(tiny, tiny_profile(tiny, 0.01), rows(1.0), 1e9)
+    await batcher.submit(slow, tiny_profile(slow, 5.0), rows(1.0), 1e9)
+    assert batcher.overhead_ms(tiny.name) == 0.0
+    assert batcher.overhead_ms(slow.name) > 0.0
+    await batcher.close()
