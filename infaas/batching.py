@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from infaas.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from infaas.policy.batching import BatchParams, decide, predicted_queue_delay_ms
+from infaas.policy.batching import BatchParams, InFlight, decide, predicted_queue_delay_ms
 from infaas.types import Profile, Variant
 from infaas.workers.base import BatchResult, WorkerPool
 from infaas.workers.placement import Placement
@@ -124,13 +124,7 @@ class _VariantQueue:
     # Rows in `pending`, kept as requests come and go: the router asks for the queueing delay
     # twice per query, and summing a deep queue there each time was a loop per query.
     queued_rows: int = 0
-    in_flight: dict[int, float] = field(default_factory=dict)  # batch id → predicted finish (s)
-    # Batches sent while every replica was busy: batch id → (the batch it waits behind, its own
-    # predicted run in s). When that one finishes, the waiting one's finish is re-anchored on the
-    # real time: predictions chained on predictions drifted ahead of the clock by the error of
-    # each (a 0.25 ms fast-path batch predicted at 1.2 ms put the queue "500 ms" behind after a
-    # few thousand batches, and admission refused a third of a burst the variant kept up with).
-    behind: dict[int, tuple[int, float]] = field(default_factory=dict)
+    in_flight: InFlight = field(default_factory=InFlight)  # batch id → predicted finish
     # Replicas: batches run in parallel up to this many; beyond it a batch waits at a replica
     # (a worker runs one batch at a time; the extra ones in flight only hide the hop).
     servers: int = 1
@@ -267,7 +261,7 @@ class AsyncBatcher:
             while queue.pending and queue.pending[0].future.done():
                 queue.pop()  # cancelled by its caller (client gone)
             now_s = self._timer.now_s()
-            wait_ms, ahead = self._replica_wait(queue, now_s)
+            wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
             decision = decide(queue.pending, latency, queue.params, len(queue.in_flight), now_s)
             if not decision.send:
@@ -278,35 +272,10 @@ class AsyncBatcher:
             if not batch:
                 continue
             batch_id = next(self._batch_ids)
-            run_s = queue.latency_ms(decision.send_rows) / 1000.0
-            queue.in_flight[batch_id] = now_s + wait_ms / 1000.0 + run_s
-            if ahead is not None:
-                queue.behind[batch_id] = (ahead, run_s)
+            queue.in_flight.sent(batch_id, now_s, wait_ms, queue.latency_ms(decision.send_rows), ahead)
             task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch, wait_ms))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    def _replica_wait(queue: _VariantQueue, now_s: float) -> tuple[float, int | None]:
-        """How long a batch sent now waits at a replica before it runs, and behind which batch:
-        (0, None) while a replica is free, else until the earliest of the replicas' last
-        predicted finishes."""
-        if len(queue.in_flight) < queue.servers:
-            return 0.0, None
-        latest = sorted(queue.in_flight.items(), key=lambda item: item[1])[-queue.servers :]
-        ahead, finish_s = latest[0]
-        return max(0.0, (finish_s - now_s) * 1000.0), ahead
-
-    @staticmethod
-    def _finished(queue: _VariantQueue, batch_id: int, done_s: float) -> None:
-        """`batch_id` is done at `done_s`: the batch waiting behind it starts now."""
-        queue.in_flight.pop(batch_id, None)
-        queue.behind.pop(batch_id, None)
-        for waiting, (ahead, run_s) in list(queue.behind.items()):
-            if ahead == batch_id:
-                del queue.behind[waiting]
-                if waiting in queue.in_flight:
-                    queue.in_flight[waiting] = done_s + run_s
 
     @staticmethod
     def _expired(item: _Pending, now_s: float) -> bool:
@@ -366,7 +335,7 @@ class AsyncBatcher:
                 self.on_outcome(queue.variant.name, exc)
             return
         finally:
-            self._finished(queue, batch_id, self._timer.now_s())
+            queue.in_flight.done(batch_id, self._timer.now_s())
             if not self._closed:
                 self._pump(queue)
         if self.on_outcome is not None:
@@ -416,7 +385,7 @@ class AsyncBatcher:
         if queue is None:
             return 0.0
         now_s = self._timer.now_s()
-        remaining_ms = [(finish_s - now_s) * 1000.0 for finish_s in queue.in_flight.values()]
+        remaining_ms = queue.in_flight.remaining_ms(now_s)
         return predicted_queue_delay_ms(
             queue.queued_rows, remaining_ms, queue.latency_ms, queue.params, servers=queue.servers
         )

@@ -275,7 +275,7 @@ class _VQ:
         self.latency_ms: Callable[[int], float] = predicted.__getitem__
         self.pending: deque[_Item] = deque()
         self.queued_rows = 0
-        self.in_flight: dict[int, float] = {}
+        self.in_flight = batching_policy.InFlight()
         self.replicas: list[_Replica] = []
         self.ready = 0
         self.params = BatchParams(max_batch=self.max_batch)
@@ -711,7 +711,7 @@ class Simulation:
             return 0.0
         if vq.delay_step != self._step:
             now_s = self.now_s
-            remaining = [(f - now_s) * 1000.0 for f in vq.in_flight.values()]
+            remaining = vq.in_flight.remaining_ms(now_s)
             vq.delay_ms = queue_delay_policy(
                 vq.queued_rows, remaining, vq.latency_ms, vq.params, servers=max(1, len(vq.replicas))
             )
@@ -723,9 +723,7 @@ class Simulation:
         servers = max(1, len(vq.replicas))
         now_s = self.now_s
         while vq.pending:
-            wait_ms = 0.0
-            if len(vq.in_flight) >= servers:
-                wait_ms = max(0.0, (sorted(vq.in_flight.values())[-servers] - now_s) * 1000.0)
+            wait_ms, ahead = vq.in_flight.wait(now_s, servers)
             latency = vq.latency_ms if not wait_ms else functools.partial(_plus, vq.latency_ms, wait_ms)
             decision = batch_policy(vq.pending, latency, vq.params, len(vq.in_flight), now_s)
             if not decision.send:
@@ -751,16 +749,18 @@ class Simulation:
                     rows += item.rows
             if not batch:
                 continue
-            self._send(vq, batch, rows, decision.send_rows, wait_ms)
+            self._send(vq, batch, rows, decision.send_rows, wait_ms, ahead)
         self._arm(vq, None)
 
-    def _send(self, vq: _VQ, batch: list[_Item], rows: int, send_rows: int, wait_ms: float) -> None:
+    def _send(
+        self, vq: _VQ, batch: list[_Item], rows: int, send_rows: int, wait_ms: float, ahead: int | None
+    ) -> None:
         now_s = self.now_s
         self._batch_ids += 1
         batch_id = self._batch_ids
-        vq.in_flight[batch_id] = now_s + (wait_ms + vq.latency_ms(send_rows)) / 1000.0
+        vq.in_flight.sent(batch_id, now_s, wait_ms, vq.latency_ms(send_rows), ahead)
         if not vq.replicas:  # every replica was removed while it queued: the service fails it
-            vq.in_flight.pop(batch_id)
+            vq.in_flight.done(batch_id, now_s)
             for item in batch:
                 self._tenants[item.tenant].failed += 1
             return
@@ -784,8 +784,8 @@ class Simulation:
             self._push(when_s, _TIMER, (vq, vq.timer_seq))
 
     def _done(self, vq: _VQ, batch_id: int, batch: list[_Item], rows: int) -> None:
-        vq.in_flight.pop(batch_id, None)
         now_s = self.now_s
+        vq.in_flight.done(batch_id, now_s)
         fe_ms = self.config.frontend_ms
         shares = vq.shares
         for item in batch:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infaas.policy.batching import BatchParams, decide, predicted_queue_delay_ms
+from infaas.policy.batching import BatchParams, InFlight, decide, predicted_queue_delay_ms
 
 
 @dataclass(frozen=True)
@@ -168,3 +168,25 @@ def test_batches_beyond_the_replicas_wait_for_one_to_free() -> None:
     assert predicted_queue_delay_ms(0, [10.0, 20.0], lambda n: 5.0, params) == pytest.approx(10.0)
     assert predicted_queue_delay_ms(0, [10.0, 20.0], lambda n: 5.0, params, servers=1) == pytest.approx(20.0)
     assert predicted_queue_delay_ms(0, [10.0, 20.0], lambda n: 5.0, params, servers=2) == pytest.approx(10.0)
+
+
+def test_in_flight_reanchors_the_batch_waiting_behind_one_that_is_back() -> None:
+    flight = InFlight()
+    assert flight.wait(0.0, servers=1) == (0.0, None)
+    flight.sent(1, 0.0, 0.0, 2.0, None)  # runs now, predicted back at 2 ms
+    wait_ms, ahead = flight.wait(0.0, servers=1)
+    assert (wait_ms, ahead) == (2.0, 1)
+    flight.sent(2, 0.0, wait_ms, 2.0, ahead)  # predicted back at 4 ms
+    assert flight.remaining_ms(0.0) == [2.0, 4.0]
+    flight.done(1, 0.0005)  # back at 0.5 ms: the second starts then, and is back 2 ms later
+    assert len(flight) == 1 and flight.remaining_ms(0.0005) == pytest.approx([2.0])
+    flight.done(2, 0.003)  # later than predicted: fine, and nothing left
+    assert len(flight) == 0 and flight.wait(0.003, servers=1) == (0.0, None)
+
+
+def test_in_flight_with_two_replicas_waits_for_the_earlier_of_their_last_batches() -> None:
+    flight = InFlight()
+    flight.sent(1, 0.0, 0.0, 5.0, None)
+    flight.sent(2, 0.0, 0.0, 3.0, None)
+    assert flight.wait(0.0, servers=2) == (3.0, 2)
+    assert flight.wait(0.0, servers=3) == (0.0, None)
