@@ -10,7 +10,7 @@ test checks they are the very objects the service imports):
   hint loads the cheaper cold variant when the cluster has room;
 - batching: `policy.batching.decide` on every arrival, completion and timer, with the in-flight
   cap of the batcher (replicas × batches in flight per replica), the predicted finish of each
-  batch sent, the wait at a busy replica, requests whose deadline passed dropped (504), and
+  batch sent and the wait at a busy replica (the batcher's own `InFlight`), requests whose deadline passed dropped (504), and
   `predicted_queue_delay_ms` as the queueing delay the router reads;
 - autoscaling: `policy.autoscaling.decide` every second on a `FleetSnapshot` built as
   `Autoscaler.snapshot` builds it (the service's `DemandWindow` over the last 5 s, fed the same
