@@ -588,6 +588,7 @@ def simulate(
     mode: str = typer.Option("all", "--mode", help="modelless, static, replicate-only, or all."),
     workers: int = typer.Option(4, "--workers", help="Simulated worker machines."),
     cores: int = typer.Option(8, "--cores", help="Cores per worker."),
+    front_ends: int = typer.Option(1, "--front-ends", help="Front ends behind a load balancer."),
     synthetic: str | None = typer.Option(
         None, "--synthetic", help="TASKSxVARIANTS (e.g. 10x100): a synthetic zoo instead of the store's."
     ),
@@ -648,7 +649,12 @@ def simulate(
         f"{len(the_trace.tenants)} tenant(s); {workers} worker(s) × {cores} cores"
     )
     config = engine.SimConfig(
-        workers=workers, cores=cores, noise=noise, seed=seed, static_replicas=static_replicas
+        workers=workers,
+        cores=cores,
+        front_ends=front_ends,
+        noise=noise,
+        seed=seed,
+        static_replicas=static_replicas,
     )
     results = []
     with Progress(console=console, transient=True) as progress:

@@ -28,6 +28,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=200.0, help="virtual seconds of the trace")
     parser.add_argument("--workers", type=int, default=100)
     parser.add_argument("--cores", type=int, default=16)
+    parser.add_argument(
+        "--front-ends",
+        type=int,
+        default=10,
+        help="behind a load balancer (one saturates at ~10 000 queries/s)",
+    )
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--variants", type=int, default=1000, help="in all, split over the tasks")
     parser.add_argument("--mode", choices=[*MODES, "all"], default="modelless")
@@ -47,7 +53,9 @@ def main() -> None:
         f"zoo {len(zoo.variants)} variants over {args.tasks} tasks, trace {len(trace):,} queries over "
         f"{trace.duration_s:.0f} s (bursty): built in {time.perf_counter() - started:.1f} s"
     )
-    config = SimConfig(workers=args.workers, cores=args.cores, noise=0.1, seed=args.seed)
+    config = SimConfig(
+        workers=args.workers, cores=args.cores, front_ends=args.front_ends, noise=0.1, seed=args.seed
+    )
     results: dict[str, ModeResult] = {}
     for mode in MODES if args.mode == "all" else (args.mode,):
         if args.profile:

@@ -10,8 +10,9 @@ test checks they are the very objects the service imports):
   hint loads the cheaper cold variant when the cluster has room;
 - batching: `policy.batching.decide` on every arrival, completion and timer, with the in-flight
   cap of the batcher (replicas × batches in flight per replica), the predicted finish of each
-  batch sent and the wait at a busy replica (the batcher's own `InFlight`), requests whose deadline passed dropped (504), and
-  `predicted_queue_delay_ms` as the queueing delay the router reads;
+  batch sent and the wait at a busy replica (the batcher's own `InFlight`), requests whose
+  deadline passed dropped (504), and `predicted_queue_delay_ms` as the queueing delay the router
+  reads;
 - autoscaling: `policy.autoscaling.decide` every second on a `FleetSnapshot` built as
   `Autoscaler.snapshot` builds it (the service's `DemandWindow` over the last 5 s, fed the same
   `MeterRecord`s; `capacity_rows_per_s`; warm floors from `cheapest_variants`);
@@ -35,8 +36,11 @@ What is simulated (the worker model), and how it departs from the service:
   measured p99 in the service) is the constant ``hop_ms + frontend_ms`` here, and the batcher's
   learned overhead is the variant's hop; there is no slowdown from machines shared by other
   processes.
+- `front_ends` front ends (`frontend_ms` of CPU per query each, a query to the one free first)
+  share one set of batcher queues and one router view; the service's front ends keep their own
+  queues, fast-path copies and overhead estimates.
 - Not modelled: memory budgets and LRU eviction, quarantine, the router's probes while refusing,
-  retries by clients, several front ends. A removed replica's running batches still finish.
+  retries by clients. A removed replica's running batches still finish.
 
 Modes: ``modelless`` (the above), ``static`` (each task's most accurate variant, pinned, with a
 fixed number of replicas, no autoscaler) and ``replicate-only`` (each tenant pinned to the
@@ -132,7 +136,11 @@ class SimConfig:
     # The front end's own CPU per query (parse, route, reply), on its one core: queries wait for
     # it under load, and the router's measured overhead grows by that wait.
     frontend_ms: float = 0.1
-    reserved_cores: int = 1  # the front end's
+    # Front ends behind a load balancer that gives each query to the one free first (`infaas
+    # serve --workers N`, or hosts of their own): a 100-worker fleet behind one Python front end
+    # would measure the front end. Each runs the fast path's batches of the queries it took.
+    front_ends: int = 1
+    reserved_cores: int = 1  # the (first) front end's, on the cluster's cores
     max_in_flight: int = 2  # batches in flight per replica (the batcher's default)
     max_queue_rows: int = 4096  # the batcher's bound (INFAAS_MAX_QUEUE_ROWS)
     interval_s: float = 1.0  # the autoscaler's round
@@ -143,8 +151,8 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.cores < 1:
-            raise ValueError("workers and cores must be at least 1")
+        if self.workers < 1 or self.cores < 1 or self.front_ends < 1:
+            raise ValueError("workers, cores and front ends must be at least 1")
 
 
 @dataclass
@@ -326,7 +334,7 @@ class Simulation:
         self.now_s = 0.0
         self._rng = np.random.default_rng(cfg.seed)
         self._overhead_ms = cfg.hop_ms + cfg.frontend_ms
-        self._fe_free_s = 0.0  # when the front end's core is next free
+        self._fe_free = [0.0] * cfg.front_ends  # a heap: when each front end's core is next free
         self._heap: list[tuple[float, int, int, Any]] = []  # (time, kind, sequence, payload)
         self._seq = 0
         self._step = 0
@@ -599,8 +607,8 @@ class Simulation:
         loaded = self._loaded[task]
         # The front end takes the query when its core is free: that wait is part of its latency,
         # and of the overhead the router measures and admits by.
-        start_s = max(self.now_s, self._fe_free_s)
-        self._fe_free_s = start_s + self.config.frontend_ms / 1000.0
+        start_s = max(self.now_s, self._fe_free[0])
+        heapq.heapreplace(self._fe_free, start_s + self.config.frontend_ms / 1000.0)
         waited_s = start_s - self.now_s
         live = LiveState(loaded, self._delays[task], self._overhead_ms + waited_s * 1000.0)
         pinned = self._pinned.get(tenant)
@@ -771,8 +779,8 @@ class Simulation:
         if sigma > 0:
             run_ms *= math.exp(self._rng.normal(-sigma * sigma / 2.0, sigma))
         replica.free_at_s = start_s + run_ms / 1000.0
-        if vq.local:  # the front end's core runs it: the queries after it wait that much longer
-            self._fe_free_s = max(self._fe_free_s, start_s) + run_ms / 1000.0
+        if vq.local:  # a front end's core runs it: the queries after it wait that much longer
+            heapq.heapreplace(self._fe_free, max(self._fe_free[0], start_s) + run_ms / 1000.0)
         self._push(start_s + (run_ms + vq.hop_ms) / 1000.0, _DONE, (vq, batch_id, batch, rows))
 
     def _arm(self, vq: _VQ, when_s: float | None) -> None:

@@ -160,6 +160,9 @@ def test_a_saturated_front_end_makes_queries_wait_and_the_router_refuse() -> Non
     fast = simulate(zoo, flood, "modelless", SimConfig(workers=1, cores=8, frontend_ms=0.01))
     assert slow.total.refused > 1000  # 1 000 queries/s of front end for 3 000/s of arrivals
     assert fast.total.refused == 0 and fast.total.in_slo == 3000
+    # Four such front ends behind a load balancer hold 4 000/s: what one refused, they answer.
+    four = simulate(zoo, flood, "modelless", SimConfig(workers=1, cores=8, frontend_ms=1.0, front_ends=4))
+    assert four.total.refused == 0 and four.total.in_slo == 3000
 
 
 def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() -> None:
