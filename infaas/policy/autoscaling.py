@@ -14,7 +14,11 @@ cheapest one that meets its targets, so traffic spills to pricier variants as ch
   at the replicas it has, and the cluster has the vCPUs for more.
 - **upgrade**: the replicas the cluster can give would not hold the load (or a faster variant
   holds it for less than the extra copies cost): load the cheapest faster variant that meets the
-  accuracy its traffic asks for; the router moves the overflow there.
+  accuracy its traffic asks for; the router moves the overflow there. A variant that runs in the
+  front end is moved only for its own capacity: its misses while its rows stay within its
+  capacity at the target are the front end's own CPU (HTTP, routing), which another variant in
+  the same front end would share (measured: such upgrades loaded three more front-end variants
+  during a burst, one of them a 1.1 s load, and refused a third of the trace).
 - **remove**: fewer replicas hold the load at the target, after the hold-down.
 - **downgrade**: the cheaper loaded variants hold the whole task's load (and meet the accuracy its
   traffic asked of the pricier one), after the hold-down: unload the pricier one.
@@ -216,6 +220,8 @@ def _scale_up(r: _Round, variants: list[VariantState]) -> bool:
     for v in loaded:
         need = needed_replicas(v, cfg)
         pressured = v.pressured and need <= v.replicas
+        if pressured and not v.remote:
+            continue  # the front end is what is short, not this variant (docstring: upgrade)
         if pressured:
             need = v.replicas + 1
         if need <= v.replicas:

@@ -21,7 +21,7 @@ import numpy as np
 from infaas.artifacts import ArtifactStore, LocalArtifacts
 from infaas.errors import Unavailable
 from infaas.types import FleetEvent, Variant, WorkerInfo
-from infaas.workers.residency import EventLog, Residency, load_into
+from infaas.workers.residency import EventLog, Residency, load_into_async
 from variants.runtimes.base import LoadedModel
 
 __all__ = ["EchoModel", "InProcessPool", "RecordingPool", "artifact_loader", "echo_outputs"]
@@ -127,7 +127,7 @@ class InProcessPool:
             if model is not None:
                 return model
             try:
-                loaded = load_into(self._models, variant.name, lambda: self._loader(variant), 0.0)
+                loaded = await load_into_async(self._models, variant.name, lambda: self._loader(variant), 0.0)
             except Exception as exc:
                 raise Unavailable(f"could not load {variant.name}: {exc}", variant=variant.name) from exc
             model, load_s, memory_mb, evicted = loaded.model, loaded.load_s, loaded.memory_mb, loaded.evicted

@@ -37,10 +37,11 @@ from tests.unit.policy.test_selection import MACHINE, make_entry
 def test_overhead_is_the_prior_until_measured_then_a_high_quantile() -> None:
     tracker = OverheadTracker(quantile=0.99, window=200, max_age_s=30.0, min_samples=32, refresh_every=8)
     now_s = 100.0
-    for _ in range(31):
+    for _ in range(7):  # fewer than 8 answers in 0.25 s (and than 32 in 1 s): not measured yet
         tracker.observe(0.2, now_s)
+    tracker.refresh(now_s)
     assert tracker.value_ms == DEFAULT_OVERHEAD_MS
-    for i in range(169):
+    for i in range(193):
         tracker.observe(0.2 if i % 50 else 3.0, now_s)  # a few slow answers set the margin
     assert 2.0 < tracker.value_ms <= 3.0
     for _ in range(400):  # the window forgets them
@@ -61,6 +62,27 @@ def test_overhead_forgets_a_burst_once_it_is_old() -> None:
     assert tracker.value_ms == pytest.approx(0.5)
     tracker.refresh(200.0)  # nothing recent: back to the prior
     assert tracker.value_ms == DEFAULT_OVERHEAD_MS
+
+
+def test_a_busy_path_forgets_one_stall_within_a_quarter_second() -> None:
+    tracker = OverheadTracker()  # the service's: p99 over 0.25 s when it holds 32 answers, else 1 s
+    at_s = 10.0
+    for i in range(500):  # 500 answers/s; one stall puts 6 answers 12 ms late
+        at_s += 0.002
+        tracker.observe(12.0 if 200 <= i < 206 else 0.4, at_s)
+        if i == 230:
+            assert tracker.current(at_s) == pytest.approx(12.0)  # right after it: the stall counts
+    # 0.6 s later, still inside the 1 s window: the busy path judges by its last 0.25 s.
+    assert tracker.current(at_s) == pytest.approx(0.4)
+    # Refusing (no answers since the stall): its last second still counts, until probes
+    # bring 8 fresh answers into the last 0.25 s.
+    refusing = OverheadTracker()
+    for i in range(106):
+        refusing.observe(12.0 if i >= 100 else 0.4, 10.0 + i * 0.002)
+    assert refusing.current(10.5) == pytest.approx(12.0)
+    for i in range(8):
+        refusing.observe(0.4, 10.5 + i * 0.02)
+    assert refusing.current(10.5 + 7 * 0.02) == pytest.approx(0.4)
 
 
 def store_with_one_task() -> MemoryStore:

@@ -131,6 +131,21 @@ def test_a_front_end_variant_is_upgraded_not_replicated() -> None:
     assert rounds[1] == []  # nowhere to go: nothing to do
 
 
+def test_misses_on_a_front_end_variant_within_its_capacity_move_nothing() -> None:
+    # 150 rows/s on a variant that holds 4 000 in the front end, answered late or refused: the
+    # front end's own CPU is short, and a faster variant would run on the same front end.
+    local = vs(
+        "a", remote=False, capacity_rows_per_s=4000.0, arrival_rows_per_s=150.0, pressure_rows_per_s=150.0
+    )
+    faster = vs("b", replicas=0, capacity_rows_per_s=8000.0)
+    rounds, _ = run([local, faster], free_cpus=8, times=[0.0, 2.0, 4.0])
+    assert rounds == [[], [], []]
+    # The same misses on a Ray replica still replicate it (a worker can be short at any rate).
+    remote = vs("a", capacity_rows_per_s=4000.0, arrival_rows_per_s=150.0, pressure_rows_per_s=150.0)
+    rounds, _ = run([remote, faster], free_cpus=8, times=[0.0, 2.0])
+    assert [a.kind for a in rounds[1]] == ["replicate"]
+
+
 def test_downgrades_after_the_hold_down_when_the_cheaper_variant_holds_the_load() -> None:
     cheap = vs("a", capacity_rows_per_s=1000.0, arrival_rows_per_s=300.0, price_usd_per_s=1e-6)
     fast = vs("b", capacity_rows_per_s=5000.0, arrival_rows_per_s=50.0, price_usd_per_s=5e-6)
