@@ -81,7 +81,8 @@ DEFAULT_OVERHEAD_MS = 1.0
 """Overhead assumed until enough answers are measured: the Ray hop is ~0.7 ms here (DESIGN.md)."""
 
 PROBE_INTERVAL_S = 0.02
-"""While queries are refused as overloaded, one per this interval is served anyway (a probe)."""
+"""While queries are refused as overloaded and the variant is idle, one per this interval is
+served anyway (a probe): its answer is what lets the overhead estimate see a stall is over."""
 
 
 class OverheadTracker:
@@ -167,8 +168,8 @@ class OverheadTracker:
         at_s = self._at_s[:held]
         # The freshest `short_age_s` when it holds enough answers (a busy path), else `max_age_s`.
         # One stall of a few ms puts a handful of answers in the tail: judged over a whole second,
-        # at 500 queries/s that p99 refused every query for the second after it (558 of a burst's
-        # queries, each of which would have met its 10 ms target once the stall was over).
+        # at 500 queries/s that p99 refused every query for the second after it (558 of one
+        # burst's queries in bench_adaptive, a replay the service now answers in full).
         recent = self._residual_ms[:held][at_s >= now_s - self._short_age_s]
         if recent.shape[0] < self._short_min_samples:
             recent = self._residual_ms[:held][at_s >= now_s - self._max_age_s]
