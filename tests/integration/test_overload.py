@@ -20,10 +20,12 @@ from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-RATE_PER_S = 400.0
-"""~3× what is admitted here (140-190 queries/s of 8 rows within 50 ms). It was 700 on a faster
-machine; on this AVX2 EPYC 700/s saturated the front end itself and stalls sank the admitted
-answers' SLO to 45-59 % with any admission policy."""
+RATE_PER_S = 1200.0
+"""Past what is admitted here. On the 2-core Xeon of 2026-12-02 the service sustained 450-1 000
+queries/s of 8 rows within 50 ms from run to run (the quick profiles pick the TensorFlow variant
+anew each session), so 400/s, the rate for the slower AVX2 EPYC, was refused only 20 times in one
+run and might not have been an overload at all. On that EPYC 700/s saturated the front end itself
+and stalls sank the admitted answers' SLO to 45-59 % with any admission policy."""
 SECONDS = 8.0
 LATENCY_MS = 50.0
 
