@@ -124,7 +124,7 @@ class _VariantQueue:
     # Rows in `pending`, kept as requests come and go: the router asks for the queueing delay
     # twice per query, and summing a deep queue there each time was a loop per query.
     queued_rows: int = 0
-    in_flight: InFlight = field(default_factory=InFlight)  # batch id → predicted finish
+    in_flight: InFlight = field(default_factory=InFlight)  # batches sent, with predicted finishes
     # Replicas: batches run in parallel up to this many; beyond it a batch waits at a replica
     # (a worker runs one batch at a time; the extra ones in flight only hide the hop).
     servers: int = 1

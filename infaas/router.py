@@ -437,7 +437,14 @@ class Router:
 
     def refresh(self) -> bool:
         """Reload the snapshot from the store; True when it changed."""
-        fresh = Snapshot.load(self._store, self._machines())
+        return self._adopt_if_new(Snapshot.load(self._store, self._machines()))
+
+    async def refresh_async(self) -> bool:
+        """`refresh` for the event loop: the store is read in a thread, the snapshot adopted on
+        the loop (adopting may start warm-up loads, which need the loop)."""
+        return self._adopt_if_new(await asyncio.to_thread(Snapshot.load, self._store, self._machines()))
+
+    def _adopt_if_new(self, fresh: Snapshot) -> bool:
         if fresh.fingerprint == self._base.fingerprint:
             return False
         self._adopt(fresh)
@@ -516,9 +523,7 @@ class Router:
         now_s = time.monotonic()
         for tracker in self.overheads.values():
             tracker.refresh(now_s)
-        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machines())
-        if fresh.fingerprint != self._base.fingerprint:
-            self._adopt(fresh)
+        await self.refresh_async()
 
     def _refresh_on_miss(self, now_s: float) -> bool:
         # A name the snapshot lacks may have just been registered; look once, but not on every
@@ -532,11 +537,7 @@ class Router:
         if now_s - self._last_miss_refresh_s < self._miss_refresh_interval_s:
             return False
         self._last_miss_refresh_s = now_s
-        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machines())
-        if fresh.fingerprint == self._base.fingerprint:
-            return False
-        self._adopt(fresh)
-        return True
+        return await self.refresh_async()
 
     async def task_async(self, name: str, now_s: float) -> Task:
         """`task` for the event loop: a miss re-reads the store in a thread, never on the loop."""
@@ -904,9 +905,7 @@ class Router:
         promote answer once the version is warm, as TF Serving loads and warms a version before
         serving it. Returns the variants loaded; a failed load is logged and counted towards
         quarantine, not raised."""
-        fresh = await asyncio.to_thread(Snapshot.load, self._store, self._machines())
-        if fresh.fingerprint != self._base.fingerprint:
-            self._adopt(fresh)
+        await self.refresh_async()
         names = set(self._cheapest({architecture}).values())
         for other in like:
             twin = f"{architecture}/{other.partition('/')[2]}"

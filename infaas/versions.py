@@ -216,7 +216,7 @@ class Versions:
                     version=v,
                 )
         await asyncio.to_thread(self._write, labels, new)
-        await asyncio.to_thread(self._router.refresh)
+        await self._router.refresh_async()
         self._event(kind, name, self._describe(labels, new))
         for v in sorted(set(labels.serving) - set(new.serving)):
             self._spawn(self._retire(version_name(name, v)))
@@ -294,7 +294,7 @@ class Versions:
                     self._store.put_labels(new)
 
         await asyncio.to_thread(write)
-        await asyncio.to_thread(self._router.refresh)
+        await self._router.refresh_async()
         names = [v.name for v in variants]
         await self._drain(names)
         for n in names:

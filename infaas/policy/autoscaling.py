@@ -18,7 +18,7 @@ cheapest one that meets its targets, so traffic spills to pricier variants as ch
   front end is moved only for its own capacity: its misses while its rows stay within its
   capacity at the target are the front end's own CPU (HTTP, routing), which another variant in
   the same front end would share (measured: such upgrades loaded three more front-end variants
-  during a burst, one of them a 1.1 s load, and refused a third of the trace).
+  during a burst, one of them a 1.1 s load, in a replay that refused 704 of 7 204 queries).
 - **remove**: fewer replicas hold the load at the target, after the hold-down.
 - **downgrade**: the cheaper loaded variants hold the whole task's load (and meet the accuracy its
   traffic asked of the pricier one), after the hold-down: unload the pricier one.

@@ -189,9 +189,9 @@ class InFlight:
     A batch sent while every replica is busy is predicted to start when the earliest of the
     replicas' last batches ends, and is kept as waiting *behind* that one: when it is back, the
     waiting batch's finish is set from the real time. Predictions chained on predictions drifted
-    ahead of the clock by the error of each (a 0.25 ms fast-path batch predicted at 1.2 ms put
-    the queue "500 ms" behind after a few thousand batches, and admission refused a third of a
-    burst the variant kept up with). The batcher and the simulator both keep one per variant."""
+    ahead of the clock by the error of each (0.24 ms fast-path batches predicted at 1.24 ms put
+    the queue ~420-500 ms behind within one 3 000-query burst, and admission refused a third of
+    it while the variant kept up). The batcher and the simulator both keep one per variant."""
 
     __slots__ = ("_behind", "finish_s")
 

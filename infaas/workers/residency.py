@@ -119,8 +119,8 @@ async def load_into_async(
     residency: Residency[M], name: str, load: Callable[[], M], expected_mb: float, min_mb: float = 0.0
 ) -> Loaded[M]:
     """`load_into` on an event loop: `load` runs in a thread, the bookkeeping on the loop. The
-    front end's pool loads this way: a scikit-learn variant's first load (its import, 1.1 s here)
-    on the loop stalled every query behind it."""
+    front end's pool loads this way: a scikit-learn variant's load (1.1 s measured here) on the
+    loop stalled every query behind it."""
     evicted = residency.make_room(expected_mb)
     before_mb, started_s = rss_mb(), time.perf_counter()
     model = await asyncio.to_thread(load)

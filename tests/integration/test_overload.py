@@ -21,8 +21,8 @@ from variants import zoo
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RATE_PER_S = 1200.0
-"""Past what is admitted here. On the 2-core Xeon of 2026-12-02 the service sustained 450-1 000
-queries/s of 8 rows within 50 ms from run to run (the quick profiles pick the TensorFlow variant
+"""Past what is admitted here. On the 2-core Xeon of 2026-12-02 the service answered 200-970
+queries/s of 8 rows from run to run at 400-1 200/s offered (the quick profiles pick the TensorFlow variant
 anew each session), so 400/s, the rate for the slower AVX2 EPYC, was refused only 20 times in one
 run and might not have been an overload at all. On that EPYC 700/s saturated the front end itself
 and stalls sank the admitted answers' SLO to 45-59 % with any admission policy."""

@@ -65,7 +65,7 @@ def test_overhead_forgets_a_burst_once_it_is_old() -> None:
 
 
 def test_a_busy_path_forgets_one_stall_within_a_quarter_second() -> None:
-    tracker = OverheadTracker()  # the service's: p99 over 0.25 s when it holds 32 answers, else 1 s
+    tracker = OverheadTracker()  # the service's: p99 over 0.25 s when it holds 8 answers, else 1 s
     at_s = 10.0
     for i in range(500):  # 500 answers/s; one stall puts 6 answers 12 ms late
         at_s += 0.002

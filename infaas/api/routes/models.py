@@ -9,7 +9,6 @@ FastAPI runs them in its thread pool, and a slow or unreachable store then never
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import uuid
@@ -181,7 +180,7 @@ async def register_model(
         # Read-your-writes: the periodic refresh may have caught the registration half stored
         # (the version's variants without their profiles yet), and a query pinned to the new
         # version right after this answer would be told it has no profiled variant.
-        await asyncio.to_thread(router.refresh)
+        await router.refresh_async()
     body = await run_in_threadpool(_registered, result, _store(request))
     return JSONResponse(body.model_dump(mode="json"), status_code=201 if result.created else 200)
 
