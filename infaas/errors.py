@@ -69,9 +69,18 @@ class InfaasError(Exception):
         self.message = message
         self.fields: dict[str, Any] = fields
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The fields are keyword arguments, which Exception's own pickling drops: an error raised
+        # in a worker crosses to the front end pickled and must arrive whole.
+        return (_rebuild, (type(self), self.message, self.fields))
+
     def to_body(self) -> dict[str, Any]:
         """The JSON error body: ``error`` (stable code), ``detail`` (message) and the fields."""
         return {"error": self.code, "detail": self.message, **self.fields}
+
+
+def _rebuild(cls: type[InfaasError], message: str, fields: dict[str, Any]) -> InfaasError:
+    return cls(message, **fields)
 
 
 class InvalidInput(InfaasError):

@@ -135,11 +135,10 @@ class Settings(BaseSettings):
     max_queue_rows: int = Field(
         default=4096, ge=1, description="Rows waiting per variant; beyond, new queries get 429."
     )
-    worker_channel: Literal["compiled", "classic"] = Field(
-        default="classic",
-        description="How batches reach Ray workers: a classic actor call per batch, or a Ray Compiled "
-        "Graph per worker (shared-memory channels; lower latency, opt-in until the front-end stalls "
-        "seen with it in the full suite are explained).",
+    worker_channel: Literal["stream", "classic"] = Field(
+        default="stream",
+        description="How batches reach Ray workers: a socket stream from each front end to each worker "
+        "(stream), or a classic actor call per batch (classic).",
     )
     worker_call_timeout_s: float = Field(
         default=60.0, gt=0, description="Bound on one call to a Ray worker (a load or a batch)."

@@ -471,7 +471,7 @@ class WorkerInfo(_Value):
     memory_budget_mb: float
     queue_depth: int = 0
     pid: int | None = None  # the worker's OS process (None until it answered once)
-    channel: Literal["compiled", "classic", "inline"] = "classic"  # how batches reach it
+    channel: Literal["stream", "classic", "inline"] = "classic"  # how batches reach it
     node: str | None = None  # the Ray node it runs on (None: the front end's own process)
 
 

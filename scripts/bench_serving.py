@@ -17,8 +17,8 @@ infaas-service-2fe  `infaas serve --workers 2`: two front-end processes on one p
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
              (`AsyncBatcher`) → `RayPool`, with the front-end fast path for sub-hop variants
              (`Placement(pool, InProcessPool)`): this 10 µs model then runs in the front end
-infaas-ray   the same with every batch through a Ray worker, over its compiled graph (the default
-             data path to workers: shared-memory channels)
+infaas-ray   the same with every batch through a Ray worker, over its socket stream (the default
+             data path to workers, `infaas.workers.stream`)
 infaas-ray-classic  the same with a classic Ray actor call per batch (INFAAS_WORKER_CHANNEL=classic)
 infaas-nobatch  the same as infaas-ray with batching off: one Ray call per request
 mlserver     MLServer 1.7.1 with adaptive batching (64 rows, 2 ms), the same ONNX model through ONNX
@@ -215,7 +215,7 @@ def serve_infaas(port: int, workdir: Path, batching: bool, inline: bool, channel
 
     variant = Variant.model_validate_json((workdir / "variant.json").read_text())
     profile = Profile.model_validate_json((workdir / "profile.json").read_text())
-    settings = Settings(data_dir=workdir / "data", worker_channel=channel)
+    settings = Settings(data_dir=workdir / "data", worker_channel=channel)  # type: ignore[arg-type]
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -626,7 +626,7 @@ def main() -> None:
                 args.workdir,
                 batching=args.serve != "infaas-nobatch",
                 inline=args.serve == "infaas",
-                channel="classic" if args.serve == "infaas-ray-classic" else "compiled",
+                channel="classic" if args.serve == "infaas-ray-classic" else "stream",
             )
         return
     kinds = [k for k in args.only.split(",") if k != "direct"]
@@ -788,9 +788,9 @@ def data_path_goals(results: dict[str, dict[str, dict[str, float]]]) -> None:
             goals.append((f"{model}: infaas p50 − MLServer p50 at c=1 (ms)", extra, "< 0", extra < 0))
         if "infaas-ray" in table and "infaas-ray-classic" in table:
             ratio = table["infaas-ray"]["rps"] / table["infaas-ray-classic"]["rps"]
-            goals.append((f"{model}: compiled / classic Ray path, req/s", ratio, "—", True))
+            goals.append((f"{model}: stream / classic Ray path, req/s", ratio, "—", True))
             gain = table["infaas-ray-classic"]["p50_ms"] - table["infaas-ray"]["p50_ms"]
-            goals.append((f"{model}: p50 saved by the compiled path (ms)", gain, "—", True))
+            goals.append((f"{model}: p50 saved by the stream (ms)", gain, "—", True))
     if "infaas" in tiny and "infaas-ray" in tiny:
         extra = tiny["infaas-ray"]["p50_ms"] - tiny["infaas"]["p50_ms"]
         goals.append(("tiny: Ray path p50 − in-process path p50 (ms)", extra, "≤ 0.5", extra <= 0.5))

@@ -29,8 +29,8 @@ One fleet per cluster
     on the cluster uses the same workers, and the workers, not any front end, hold the placement
     (what is loaded where). Each front end mirrors it (`sync`, every `fleet_sync_interval_s` and
     before any load), so a variant loaded by one front end serves them all, and a front end that
-    stops leaves the fleet running for the others. Batches use classic actor calls there (a
-    compiled graph binds an actor to one driver).
+    stops leaves the fleet running for the others. Each front end has its own batch stream to
+    each worker (`infaas.workers.stream`).
 
 Failures
     Actors restart after a crash (`max_restarts`) with nothing loaded. A batch lost with its worker
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import os
 import shutil
@@ -61,8 +60,8 @@ from infaas.artifacts import ArtifactStore, LocalArtifacts, RedisArtifacts, open
 from infaas.errors import InfaasError, Unavailable
 from infaas.settings import Settings
 from infaas.types import FleetEvent, MachineInfo, Variant, WorkerInfo
-from infaas.workers.channel import ChannelBroken, ChannelTimeout, CompiledChannel
 from infaas.workers.residency import EventLog, Residency, load_into, rss_mb
+from infaas.workers.stream import ChannelBroken, ChannelTimeout, StreamChannel, StreamServer, WorkerRaised
 
 __all__ = ["RayPool", "WorkerHost", "init_ray", "stop_fleet", "worker_group"]
 
@@ -189,9 +188,19 @@ class WorkerHost:
         _import_runtime(family)
         self._residency: Residency[Any] = Residency(memory_budget_mb, baseline_mb=rss_mb())
         self._roots: dict[str, Path] = {}
-        # Batches arrive on the compiled graph's background thread, loads and unloads on the
-        # actor's main thread: one at a time, as a classic actor would run them.
+        # Batches arrive on the stream server's threads, loads and unloads on the actor's main
+        # thread: one at a time, as a classic actor would run them.
         self._lock = threading.RLock()
+        self._server: StreamServer | None = None
+
+    def stream_address(self) -> tuple[tuple[str, int], bytes]:
+        """(address, token) of this worker's batch stream (`infaas.workers.stream`), started on
+        first use: a restarted actor starts a new one, on a new port with a new token."""
+        import ray
+
+        if self._server is None:
+            self._server = StreamServer(self.run, ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        return self._server.address, self._server.token
 
     def describe(self) -> dict[str, Any]:
         with self._lock:
@@ -267,12 +276,6 @@ class WorkerHost:
             out: np.ndarray = model.predict(batch)
             return out
 
-    def watch(self) -> None:
-        """Never returns while the actor lives: the front end keeps one call pending (in its own
-        concurrency group) to learn of the actor's death at once, which a compiled graph does not
-        report to the batches waiting on it."""
-        threading.Event().wait()
-
     def unload(self, variant: str) -> dict[str, Any]:
         with self._lock:
             model = self._residency.pop(variant)
@@ -293,7 +296,7 @@ class _Worker:
     alive: bool = True
     incarnation: int = 0
     pid: int | None = None
-    channel: CompiledChannel | None = None  # the compiled data path, built with the first load
+    channel: StreamChannel | None = None  # the batch stream, opened with the first load
     channel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     node: str | None = None
@@ -344,16 +347,15 @@ class RayPool:
         self._worker_num_cpus = worker_num_cpus
         self._namespace = settings.fleet_namespace
         self._gpu_share = settings.gpu_per_worker
-        self._compiled = settings.worker_channel == "compiled" and not self._shared
+        self._stream = settings.worker_channel == "stream"
         # Threads are explicit per variant, so the actors reserve no logical CPU (0 by default)
         # and spread over the cluster's nodes; a crashed actor restarts, its tasks are not retried
-        # by Ray (the pool decides where a lost batch goes). `watch` runs in a group of its own.
-        self._actor_cls = ray.remote(  # type: ignore[call-overload]  # Ray's stubs lack concurrency_groups
+        # by Ray (the pool decides where a lost batch goes).
+        self._actor_cls = ray.remote(
             num_cpus=worker_num_cpus,
             max_restarts=max_restarts,
             max_task_retries=0,
             scheduling_strategy="SPREAD",
-            concurrency_groups={"watch": 1},
         )(WorkerHost)
         self._workers: dict[str, _Worker] = {}
         self._ids = itertools.count()
@@ -362,8 +364,6 @@ class RayPool:
         self._locks: dict[str, asyncio.Lock] = {}
         self._memory_seen_mb: dict[str, float] = {}
         self._restarts: set[asyncio.Task[None]] = set()
-        self._watches: set[asyncio.Task[None]] = set()
-        self._dropped: list[CompiledChannel] = []  # channels of dead workers, torn down off the loop
         self._sync_lock = asyncio.Lock()
         self._node_machines: dict[str, MachineInfo] = {}  # node id → its class (probed once)
         self._closed = False
@@ -481,7 +481,7 @@ class RayPool:
                 memory_budget_mb=self._budget_mb,
                 queue_depth=w.in_flight,
                 pid=w.pid,
-                channel="compiled" if w.channel is not None else "classic",
+                channel="stream" if w.channel is not None else "classic",
                 node=w.node,
             )
             for w in self._workers.values()
@@ -535,27 +535,20 @@ class RayPool:
         self._closed = True
         import ray
 
-        for task in [*self._restarts, *self._watches]:
+        for task in self._restarts:
             task.cancel()
-        # Stop the graphs' loops while their actors live (a teardown that finds its actor killed
-        # logs a traceback), then the actors.
-        channels = [w.channel for w in self._workers.values() if w.channel is not None] + self._dropped
-        await asyncio.gather(*(asyncio.to_thread(c.close) for c in channels), return_exceptions=True)
+        for worker in self._workers.values():
+            if worker.channel is not None:
+                worker.channel.close()
+                worker.channel = None
         # A shared fleet outlives any one front end: its workers stay for the others.
         for worker in [] if self._shared else self._workers.values():
             try:
                 ray.kill(worker.handle, no_restart=True)
             except Exception as exc:  # an actor already gone is what we wanted
                 self._events.add("unload", "*", worker.worker_id, f"kill at shutdown failed: {exc}")
-        for worker in self._workers.values():
-            worker.channel = None
         self._workers.clear()
         self._artifacts.clear()
-        self._dropped.clear()
-        del channels
-        # A compiled graph collected after Ray has shut down crashes the process (its channels
-        # free Ray's shared-memory objects): collect them now, while Ray is up.
-        gc.collect()
         if self._owns_ray:
             ray.shutdown()
 
@@ -788,10 +781,8 @@ class RayPool:
     # ---- the data path ----------------------------------------------------------------------
 
     async def _run_on(self, worker: _Worker, incarnation: int, variant: str, batch: np.ndarray) -> Any:
-        """`run(variant, batch)` on `worker`: through its compiled channel (`infaas.workers.channel`),
-        or a classic actor call when channels are off or the channel could not be built."""
-        from ray.exceptions import RayTaskError
-
+        """`run(variant, batch)` on `worker`: over its stream (`infaas.workers.stream`), or a
+        classic actor call when streams are off or the worker's could not be opened."""
         channel = await self._channel(worker)
         if channel is None:
             return await self._call(worker, incarnation, worker.handle.run.remote(variant, batch))
@@ -799,62 +790,43 @@ class RayPool:
             return await channel.call(variant, batch, self._call_timeout_s)
         except ChannelTimeout:
             raise self._timed_out(worker) from None
-        except RayTaskError as exc:
-            raise self._task_error(worker, exc) from None
+        except WorkerRaised as exc:
+            raise self._task_error(worker, exc.cause) from None
         except ChannelBroken as exc:
             raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
 
-    async def _channel(self, worker: _Worker) -> CompiledChannel | None:
-        """`worker`'s compiled channel, built on first use (once per actor incarnation); None for
-        classic calls."""
-        if not self._compiled:
-            return None
-        if worker.channel is not None or not worker.alive:
+    async def _channel(self, worker: _Worker) -> StreamChannel | None:
+        """`worker`'s stream, opened on first use (once per actor incarnation); None for classic
+        calls, or while the worker is down."""
+        if not self._stream or worker.channel is not None or not worker.alive:
             return worker.channel
         async with worker.channel_lock:
             if worker.channel is not None or not worker.alive:
                 return worker.channel
             incarnation = worker.incarnation
+            address, token = await self._call(worker, incarnation, worker.handle.stream_address.remote())
             try:
-                channel = await CompiledChannel.open(worker.handle, worker.worker_id)
-            except Exception as exc:
-                self._compiled = False  # what failed once fails for every worker: say so once
+                channel = await StreamChannel.open(
+                    tuple(address),
+                    token,
+                    lambda reason: self._worker_lost(worker, incarnation, ChannelBroken(reason)),
+                    self._call_timeout_s,
+                )
+            except (OSError, TimeoutError) as exc:
+                self._stream = False  # what failed once fails for every worker: say so once
                 self._events.add(
                     "channel",
                     "*",
                     worker.worker_id,
-                    "compiled graphs unavailable, batches use classic actor calls: "
+                    "worker streams unavailable, batches use classic actor calls: "
                     f"{type(exc).__name__}: {exc}",
                 )
                 return None
-            if worker.incarnation != incarnation:  # it died while compiling
-                await asyncio.to_thread(channel.close)
+            if worker.incarnation != incarnation:  # it died while connecting
+                channel.close()
                 return None
             worker.channel = channel
-            watch = asyncio.get_running_loop().create_task(self._watch(worker, incarnation))
-            self._watches.add(watch)
-            watch.add_done_callback(self._watches.discard)
             return channel
-
-    async def _watch(self, worker: _Worker, incarnation: int) -> None:
-        """Report the death of `worker`'s actor as soon as Ray knows of it (see `WorkerHost.watch`)."""
-        from ray.exceptions import RayActorError
-
-        try:
-            await worker.handle.watch.options(concurrency_group="watch").remote()
-        except RayActorError as exc:
-            if not self._closed:
-                self._worker_lost(worker, incarnation, exc)
-
-    def _drop_channel(self, worker: _Worker, reason: str) -> None:
-        """Forget the channel of a worker whose actor died: its waiting batches fail over at once,
-        and the teardown (it blocks until Ray has stopped the actor's loop) runs off the loop;
-        `close` waits for it."""
-        channel, worker.channel = worker.channel, None
-        if channel is not None:
-            channel.fail(ChannelBroken(reason))
-            self._dropped.append(channel)
-            threading.Thread(target=channel.close, name="infaas-channel-teardown", daemon=True).start()
 
     # ---- failures ---------------------------------------------------------------------------
 
@@ -874,7 +846,7 @@ class RayPool:
         except RayActorError as exc:
             raise _WorkerLost(worker, self._worker_lost(worker, incarnation, exc)) from None
         except RayTaskError as exc:
-            raise self._task_error(worker, exc) from None
+            raise self._task_error(worker, exc.cause if isinstance(exc.cause, Exception) else exc) from None
         if not worker.alive and worker.incarnation == incarnation:
             worker.alive = True
         return result
@@ -887,9 +859,8 @@ class RayPool:
         )
 
     @staticmethod
-    def _task_error(worker: _Worker, exc: Any) -> InfaasError:
+    def _task_error(worker: _Worker, cause: BaseException) -> InfaasError:
         """An error raised inside the worker: itself when it is an infaas error, else `Unavailable`."""
-        cause = exc.cause if isinstance(exc.cause, Exception) else exc
         if isinstance(cause, InfaasError):
             return cause
         return Unavailable(
@@ -900,10 +871,12 @@ class RayPool:
         reason = f"worker {worker.worker_id} died: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         if worker.incarnation == incarnation:
             # First report of this death: it restarts (max_restarts) with nothing loaded, and
-            # needs a new channel (Ray tore the old graph down with the actor).
+            # serves a new stream.
             worker.incarnation += 1
             worker.alive = False
-            self._drop_channel(worker, reason)
+            channel, worker.channel = worker.channel, None
+            if channel is not None:
+                channel.close(reason)  # its waiting batches fail over at once
             lost = list(worker.loaded)
             worker.loaded.clear()
             self._events.add("crash", ",".join(lost) or "-", worker.worker_id, reason)

@@ -109,32 +109,34 @@ async def test_loads_on_demand_and_matches_the_in_process_runtime(ray_session: S
         await pool.close()
 
 
-async def test_batches_take_the_compiled_channel_and_match_the_classic_call(
-    ray_session: Settings, zoo
-) -> None:  # type: ignore[no-untyped-def]
-    """Batches reach a worker over its compiled graph; 60 at once (more than the channel's slots)
-    all come back, each with its own rows; an error raised in the worker is a 503 with the cause
-    and leaves the channel serving; a classic-call pool answers the same."""
+async def test_batches_take_the_worker_stream_and_match_the_classic_call(ray_session: Settings, zoo) -> None:  # type: ignore[no-untyped-def]
+    """Batches reach a worker over its socket stream; 60 at once all come back, each with its own
+    rows; an error raised in the worker is a 503 with the cause and leaves the stream serving; a
+    classic-call pool answers the same."""
     root, variants, rows = zoo
     a = variants["lr-a"]
-    compiled = RayPool(
-        ray_session.model_copy(update={"worker_channel": "compiled"}),
+    stream = RayPool(
+        ray_session.model_copy(update={"worker_channel": "stream"}),
         artifacts_dir=root,
         max_workers_per_family=1,
     )
-    classic = RayPool(ray_session, artifacts_dir=root, max_workers_per_family=1)
+    classic = RayPool(
+        ray_session.model_copy(update={"worker_channel": "classic"}),
+        artifacts_dir=root,
+        max_workers_per_family=1,
+    )
     try:
-        outs = await asyncio.gather(*(compiled.run(a, rows[i : i + 3]) for i in range(0, 180, 3)))
+        outs = await asyncio.gather(*(stream.run(a, rows[i : i + 3]) for i in range(0, 180, 3)))
         np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:180]), rtol=1e-5, atol=1e-6)
-        assert [w.channel for w in compiled.fleet()] == ["compiled"]
+        assert [w.channel for w in stream.fleet()] == ["stream"]
         with pytest.raises(Unavailable, match="failed: "):
-            await compiled.run(a, np.ones((2, 7), dtype=np.float32))  # the model takes 64 features
-        again = await compiled.run(a, rows[:5])
+            await stream.run(a, np.ones((2, 7), dtype=np.float32))  # the model takes 64 features
+        again = await stream.run(a, rows[:5])
         np.testing.assert_array_equal(again, await classic.run(a, rows[:5]))
         assert [w.channel for w in classic.fleet()] == ["classic"]
-        assert not [e for e in compiled.events() if e.kind == "channel"]  # no fallback happened
+        assert not [e for e in stream.events() if e.kind == "channel"]  # no fallback happened
     finally:
-        await compiled.close()
+        await stream.close()
         await classic.close()
 
 
@@ -207,7 +209,7 @@ async def test_batcher_over_ray_merges_requests_and_splits_outputs(ray_session: 
         await pool.close()
 
 
-@pytest.mark.parametrize("channel", ["classic", "compiled"])
+@pytest.mark.parametrize("channel", ["classic", "stream"])
 async def test_a_worker_killed_mid_load_loses_no_request_silently(
     ray_session: Settings, zoo, channel: str
 ) -> None:  # type: ignore[no-untyped-def]
@@ -247,7 +249,7 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(
         assert answered > 0
         kinds = {e.kind for e in pool.events(limit=1000)}
         assert "crash" in kinds and "retry" in kinds
-        # the pool serves again afterwards, the restarted worker over a new compiled channel
+        # the pool serves again afterwards, the restarted worker over a new stream
         np.testing.assert_allclose(
             await pool.run(b, rows[:2]), expected(root, b, rows[:2]), rtol=1e-5, atol=1e-6
         )
@@ -260,7 +262,7 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(
         await pool.close()
 
 
-@pytest.mark.parametrize("channel", ["classic", "compiled"])
+@pytest.mark.parametrize("channel", ["classic", "stream"])
 async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Settings, zoo, channel: str) -> None:  # type: ignore[no-untyped-def]
     import ray
 
@@ -275,13 +277,22 @@ async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Setting
         await pool.ensure_loaded(a)
         await pool.replicate(a)
         first = pool.placement()[a.name][0]
-        tasks = [asyncio.ensure_future(pool.run(a, rows[i : i + 2])) for i in range(0, 40, 2)]
+        # Batches of 2 000 rows (a millisecond or so of work each) keep coming, 8 in flight over
+        # the two replicas, until the kill has landed: some are at the dead one when it dies.
+        batch = np.tile(rows[:100], (20, 1))
+        want = expected(root, a, batch)
+        loop = asyncio.get_running_loop()
         ray.kill(pool.worker_handle(first), no_restart=False)
-        # A tiny model may answer everything sent before the kill lands; batches sent right after
-        # it are spread over both replicas, so some meet the dead one while it restarts.
-        tasks += [asyncio.ensure_future(pool.run(a, rows[i : i + 2])) for i in range(40, 80, 2)]
-        outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)  # all answered: one replica lives
-        np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:80]), rtol=1e-5, atol=1e-6)
+        stop_at = loop.time() + 30
+
+        async def sender() -> int:
+            answered = 0
+            while loop.time() < stop_at and not any(e.kind == "crash" for e in pool.events()):
+                np.testing.assert_allclose(await pool.run(a, batch), want, rtol=1e-5, atol=1e-6)
+                answered += 1  # every batch answered: one replica lives
+            return answered
+
+        assert sum(await asyncio.wait_for(asyncio.gather(*(sender() for _ in range(8))), 60)) > 0
         events = [(e.kind, e.worker_id) for e in pool.events()]
         assert ("crash", first) in events and ("retry", first) in events
     finally:
