@@ -47,6 +47,7 @@ __all__ = ["ChannelBroken", "ChannelTimeout", "StreamChannel", "StreamServer", "
 _HEAD = struct.Struct("<QH")  # pickle length, number of out-of-band buffers
 _LEN = struct.Struct("<Q")
 _TOKEN_BYTES = 16
+_JOIN_MAX_BYTES = 1 << 20
 
 
 class ChannelBroken(Exception):
@@ -223,8 +224,11 @@ class StreamChannel(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(future)
-        # One write (a join copies the rows once): uvloop's writelines makes a syscall per piece.
-        self._transport.write(b"".join(encode((variant, rows))))
+        frame = encode((variant, rows))
+        if rows.nbytes <= _JOIN_MAX_BYTES:  # one syscall: uvloop's writelines makes one per piece
+            self._transport.write(b"".join(frame))
+        else:  # an image batch: not worth a copy of its megabytes
+            self._transport.writelines(frame)
         # A timer, not asyncio.wait_for, which wraps every call in a task of its own.
         timer = loop.call_later(timeout_s, _expire, future, timeout_s)
         try:

@@ -56,6 +56,8 @@ async def test_many_batches_in_flight_come_back_each_with_its_own_rows() -> None
             np.testing.assert_array_equal(out, batch * 2)
             assert out.flags.writeable  # callers may split or scale outputs in place
         assert await channel.call("missing", batches[0], 5.0) is None
+        big = np.arange(3 * 1024 * 1024, dtype=np.float32).reshape(-1, 1024)  # 12 MB: written in pieces
+        np.testing.assert_array_equal(await channel.call("v", big, 30.0), big * 2)
     finally:
         channel.close()
         server.close()
