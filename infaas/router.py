@@ -756,13 +756,17 @@ class Router:
                 "request was routed; it was not charged",
                 waited_ms=round(elapsed_ms, 3),
             )
+        # The path's measured overhead is the other half of "busy": after a stall it alone may
+        # refuse a query whose queue is empty, and a message naming only the queue hid that.
+        path_ms = self.overhead_ms(self._pool.overhead_key(self._snapshot.variants[idle.variant][0]))
         return Overloaded(
             f"{task.name}: the variants that meet the targets are busy: {idle.variant} would answer "
-            f"in {idle.predicted_latency_ms:.1f} ms idle, but its queue adds ~{queued_ms:.0f} ms "
-            f"(target {slo.latency_ms:g} ms); retry",
+            f"in {idle.predicted_latency_ms:.1f} ms idle, but its queue adds ~{queued_ms:.0f} ms and "
+            f"its path ~{path_ms:.0f} ms beyond its profile (target {slo.latency_ms:g} ms); retry",
             task=task.name,
             variant=idle.variant,
             predicted_idle_ms=round(idle.predicted_latency_ms, 4),
+            path_overhead_ms=round(path_ms, 3),
             retry_after_s=round(max(queued_ms, 1.0) / 1000.0, 3),
         )
 

@@ -19,10 +19,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +61,13 @@ def build_zoo(data_dir: Path) -> None:
         store.close()
 
 
-def _request(url: str, body: dict[str, Any], key: str) -> Any:
+def _request(url: str, body: dict[str, Any] | None, key: str) -> Any:
+    """POST `body` (GET when None) with `key`; the JSON answer."""
     import urllib.request
 
     req = urllib.request.Request(
         url,
-        data=json.dumps(body).encode(),
+        data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -79,6 +82,8 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
     out: dict[str, Any] = {
         "sent": 0, "infeasible": 0, "in_slo": 0, "late": 0, "refused": 0, "failed": 0, "charged_usd": 0.0,
     }  # fmt: skip
+    why: Counter[str] = Counter()  # the refusals' and failures' details, numbers blanked
+    example: dict[str, str] = {}  # one of each, numbers kept
 
     async def one(session: aiohttp.ClientSession, tenant: str, task: str, rows: int, latency_ms: float,
                   min_accuracy: float) -> None:  # fmt: skip
@@ -101,12 +106,14 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
         if status == 200:
             out["in_slo" if answer["slo_met"] else "late"] += 1
             out["charged_usd"] += answer["cost_usd"]
-        elif status == 429:
-            out["refused"] += 1
         elif status == 422:
             out["infeasible"] += 1
         else:
-            out["failed"] += 1
+            out["refused" if status == 429 else "failed"] += 1
+            detail = str(answer.get("detail", ""))
+            kind = f"{status} " + re.sub(r"[0-9.]+", "#", detail)[:160]
+            why[kind] += 1
+            example.setdefault(kind, detail)
 
     tasks: list[asyncio.Task[None]] = []
     start_s = time.monotonic()
@@ -118,6 +125,7 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
                 asyncio.create_task(one(session, q.tenant, q.task, q.rows, q.latency_ms, q.min_accuracy))
             )
         await asyncio.gather(*tasks)
+    out["why"], out["example"] = why, example
     return out
 
 
@@ -136,6 +144,8 @@ def run_real(data_dir: Path, work: Path, mode: str, trace: Trace, pins: dict[str
         before = _fleet_usd(base)
         result = asyncio.run(replay(server, trace, keys, pins))
         result["fleet_usd"] = _fleet_usd(base) - before
+        events = _request(f"{base}/v1/admin/fleet?events=500", None, ADMIN_KEY)["events"]
+        result["actions"] = [e for e in events if e["worker_id"] is None and e["kind"] != "route"]
     finally:
         stop_server(server)
     return result
@@ -222,6 +232,13 @@ def main() -> None:
             print(f"{mode:<15} {side:<5} {cells} {viol:>10.1%}")
         ratio = " ".join(f"{(sim[k] / real[k]) if real[k] else float('nan'):>12.2f}" for k in keys)
         print(f"{mode:<15} {'sim/real':<5} {ratio}")
+    for mode, real, _ in rows:
+        if real["why"] or real["actions"]:
+            print(f"\n{mode}, real: why not answered (top 3), and the autoscaler's actions")
+        for kind, n in real["why"].most_common(3):
+            print(f"  {n:>6} × e.g. {real['example'][kind][:300]}")
+        for e in real["actions"]:
+            print(f"  {e['kind']:<10} {e['variant']}: {e['reason'][:120]}")
     by_mode = {mode: real for mode, real, _ in rows}
     if {"modelless", "static", "replicate-only"} <= set(by_mode):
         m = by_mode["modelless"]
