@@ -297,6 +297,7 @@ class _Worker:
     incarnation: int = 0
     pid: int | None = None
     channel: StreamChannel | None = None  # the batch stream, opened with the first load
+    classic: bool = False  # its stream could not be opened: batches go as classic actor calls
     channel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     node: str | None = None
@@ -798,7 +799,7 @@ class RayPool:
     async def _channel(self, worker: _Worker) -> StreamChannel | None:
         """`worker`'s stream, opened on first use (once per actor incarnation); None for classic
         calls, or while the worker is down."""
-        if not self._stream or worker.channel is not None or not worker.alive:
+        if not self._stream or worker.classic or worker.channel is not None or not worker.alive:
             return worker.channel
         async with worker.channel_lock:
             if worker.channel is not None or not worker.alive:
@@ -813,13 +814,14 @@ class RayPool:
                     self._call_timeout_s,
                 )
             except (OSError, TimeoutError) as exc:
-                self._stream = False  # what failed once fails for every worker: say so once
+                # Per worker: a node that cannot be reached (a firewall) says nothing of the others.
+                worker.classic = True
                 self._events.add(
                     "channel",
                     "*",
                     worker.worker_id,
-                    "worker streams unavailable, batches use classic actor calls: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"the worker's stream at {address[0]}:{address[1]} could not be opened, its batches "
+                    f"use classic actor calls: {type(exc).__name__}: {exc}",
                 )
                 return None
             if worker.incarnation != incarnation:  # it died while connecting

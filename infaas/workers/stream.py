@@ -99,7 +99,7 @@ class StreamServer:
             threading.Thread(target=self._serve, args=(conn,), name="infaas-stream", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
+        with conn, contextlib.suppress(OSError):  # the front end went away: so does this thread
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if not hmac.compare_digest(_recv_exactly(conn, _TOKEN_BYTES) or b"", self.token):
                 return
@@ -109,7 +109,7 @@ class StreamServer:
                     reply: tuple[bool, Any] = (True, self._handler(variant, rows))
                 except Exception as exc:
                     reply = (False, _picklable(exc))
-                conn.sendmsg(encode(reply))
+                conn.sendall(b"".join(encode(reply)))  # one segment: replies are rows × classes
 
     def close(self) -> None:
         self._listener.close()

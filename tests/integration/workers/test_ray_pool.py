@@ -247,8 +247,19 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(
             np.testing.assert_allclose(result, want_b if i % 2 else want_a, rtol=1e-5, atol=1e-6)
             answered += 1
         assert answered > 0
-        kinds = {e.kind for e in pool.events(limit=1000)}
-        assert "crash" in kinds and "retry" in kinds
+        # On a fast machine every queued batch may be back before the kill lands: keep sending
+        # until the pool has seen it (a crash, or the restarted actor's "no longer holds").
+        until = asyncio.get_running_loop().time() + 30
+        while not any(e.kind == "retry" for e in pool.events(limit=1000)):
+            assert asyncio.get_running_loop().time() < until, pool.events(limit=1000)
+            np.testing.assert_allclose(await pool.run(a, big), want_a, rtol=1e-5, atol=1e-6)
+        events = pool.events(limit=1000)
+        # The kill is seen as a crash when a batch was at the worker as it died; when it landed
+        # between two batches (1 run in ~8 here), Ray holds the next ones for the restarted actor,
+        # which answers that it no longer holds the variant. Either way the batch is retried.
+        retries = [e.reason for e in events if e.kind == "retry"]
+        assert retries, [(e.kind, e.reason) for e in events]
+        assert any(e.kind == "crash" for e in events) or any("no longer holds" in r for r in retries)
         # the pool serves again afterwards, the restarted worker over a new stream
         np.testing.assert_allclose(
             await pool.run(b, rows[:2]), expected(root, b, rows[:2]), rtol=1e-5, atol=1e-6
