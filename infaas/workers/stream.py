@@ -48,6 +48,7 @@ _HEAD = struct.Struct("<QH")  # pickle length, number of out-of-band buffers
 _LEN = struct.Struct("<Q")
 _TOKEN_BYTES = 16
 _JOIN_MAX_BYTES = 1 << 20
+_RECV_BYTES = 1 << 20
 
 
 class ChannelBroken(Exception):
@@ -75,89 +76,8 @@ def encode(obj: Any) -> list[bytes | memoryview]:
     return [head, body, *raws]
 
 
-# ---- the worker's side ----------------------------------------------------------------------
-
-
-class StreamServer:
-    """Serves `handler(variant, rows)` on a listening socket, one thread per connection.
-
-    `handler` runs on the connection's thread: the worker serialises it with its other work."""
-
-    def __init__(self, handler: Callable[[str, np.ndarray], Any], host: str) -> None:
-        self._handler = handler
-        self.token = secrets.token_bytes(_TOKEN_BYTES)
-        self._listener = socket.create_server((host, 0))
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
-        threading.Thread(target=self._accept, name="infaas-stream-accept", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="infaas-stream", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):  # the front end went away: so does this thread
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if not hmac.compare_digest(_recv_exactly(conn, _TOKEN_BYTES) or b"", self.token):
-                return
-            while (request := _recv_frame(conn)) is not None:
-                variant, rows = request
-                try:
-                    reply: tuple[bool, Any] = (True, self._handler(variant, rows))
-                except Exception as exc:
-                    reply = (False, _picklable(exc))
-                conn.sendall(b"".join(encode(reply)))  # one segment: replies are rows × classes
-
-    def close(self) -> None:
-        self._listener.close()
-
-
-def _picklable(exc: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
-
-
-def _recv_exactly(conn: socket.socket, n: int) -> bytearray | None:
-    """`n` bytes, or None when the peer closed first."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = conn.recv_into(view[got:])
-        if k == 0:
-            return None
-        got += k
-    return buf
-
-
-def _recv_frame(conn: socket.socket) -> Any:
-    head = _recv_exactly(conn, _HEAD.size)
-    if head is None:
-        return None
-    body_len, count = _HEAD.unpack(head)
-    lens = _recv_exactly(conn, _LEN.size * count) if count else bytearray()
-    body = _recv_exactly(conn, body_len)
-    if lens is None or body is None:
-        return None
-    buffers = []
-    for (n,) in _LEN.iter_unpack(lens):
-        buf = _recv_exactly(conn, n)
-        if buf is None:
-            return None
-        buffers.append(buf)
-    return pickle.loads(body, buffers=buffers)
-
-
-# ---- the front end's side -------------------------------------------------------------------
-
-
 class _FrameReader:
-    """Splits a byte stream into decoded frames."""
+    """Splits a byte stream into decoded frames (both ends read with it)."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -188,6 +108,70 @@ class _FrameReader:
             view.release()
             del self._buf[:end]
         return frames
+
+
+# ---- the worker's side ----------------------------------------------------------------------
+
+
+class StreamServer:
+    """Serves `handler(variant, rows)` on a listening socket, one thread per connection.
+
+    `handler` runs on the connection's thread: the worker serialises it with its other work."""
+
+    def __init__(self, handler: Callable[[str, np.ndarray], Any], host: str) -> None:
+        self._handler = handler
+        self.token = secrets.token_bytes(_TOKEN_BYTES)
+        self._listener = socket.create_server((host, 0))
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        threading.Thread(target=self._accept, name="infaas-stream-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="infaas-stream", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):  # the front end went away: so does this thread
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not hmac.compare_digest(_recv_exactly(conn, _TOKEN_BYTES) or b"", self.token):
+                return
+            reader = _FrameReader()
+            while data := conn.recv(_RECV_BYTES):
+                for variant, rows in reader.feed(data):
+                    try:
+                        reply: tuple[bool, Any] = (True, self._handler(variant, rows))
+                    except Exception as exc:
+                        reply = (False, _picklable(exc))
+                    conn.sendall(b"".join(encode(reply)))  # one segment: replies are rows × classes
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _picklable(exc: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytearray | None:
+    """`n` bytes (the token: nothing of the frames after it), or None when the peer closed first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = conn.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+# ---- the front end's side -------------------------------------------------------------------
 
 
 class StreamChannel(asyncio.Protocol):

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RATE_PER_S = 2000.0
 """Past what is admitted here. With batches on the worker stream (2026-12-02, an AVX-512 EPYC, 2
-cores) the service answered 780-1 550 of these queries/s at 2 000/s offered, and 1 225/s of
+cores) the service answered 690-1 550 of these queries/s at 2 000/s offered, and 1 225/s of
 1 200/s offered (32 refused: barely an overload, as 400/s had become on the Xeon before). At 3 000/s
 the load generator and the front end, sharing the 2 cores, collapse together: 180-460 answered/s,
 85-94 % of them in SLO."""
