@@ -30,6 +30,7 @@ from infaas.errors import (
     Unavailable,
 )
 from infaas.metering import Meter, cost_share_pusd
+from infaas.policy.shedding import DoorShedder, LoopWatch
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
@@ -170,6 +171,10 @@ class DataPlane:
         self._meter = meter
         self._targets_ttl_s = targets_ttl_s
         self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
+        self._doors: dict[str, DoorShedder] = {}
+        self.loop_watch = LoopWatch()
+        """Ticked every `loop_watch.tick_s` by the app (a `Periodic`): the door's sign that
+        refusing is what keeps the front end busy."""
 
     # ---- names ----------------------------------------------------------------------------
     async def model(self, name: str, now_s: float, version: str | None = None) -> ModelRef:
@@ -242,6 +247,27 @@ class DataPlane:
             slo=slo,
         )
 
+    def door(self, tenant: str) -> DoorShedder:
+        """`tenant`'s shedder at the door: one per tenant, so that one tenant's overload does not
+        get another's queries refused on arrival (the task is unknown there: the body is unread)."""
+        door = self._doors.get(tenant)
+        if door is None:
+            door = self._doors[tenant] = DoorShedder()
+        return door
+
+    def door_refusal(self, principal: Principal, received_s: float) -> Overloaded:
+        """The 429 for a query the door sheds (`DoorShedder`) before its body is read, metered
+        as a refusal of `principal`'s (task unknown: the body was not read)."""
+        door = self.door(principal.name)
+        exc = Overloaded(
+            f"refusing {door.share:.0%} of this tenant's queries on arrival, as admission refuses "
+            "most of the rest as busy; retry",
+            retry_after_s=round(door.retry_after_s, 3),
+            at_door=True,
+        )
+        self.record_failure(principal, "", exc, received_s)
+        return exc
+
     async def infer(self, principal: Principal, req: InferenceRequest) -> Answer:
         """Answer one query, or raise the error its protocol reports (metered either way)."""
         received_s = req.received_s
@@ -254,15 +280,23 @@ class DataPlane:
             if slo is None:
                 slo = await self.default_targets(principal.name, task.name, received_s)
             routed_s = time.monotonic()
-            routed = await self.router.route_async(
-                task.name,
-                rows,
-                slo,
-                routed_s,
-                architecture=req.architecture,
-                variant=req.variant,
-                elapsed_ms=(routed_s - received_s) * 1000.0,
-            )
+            try:
+                routed = await self.router.route_async(
+                    task.name,
+                    rows,
+                    slo,
+                    routed_s,
+                    architecture=req.architecture,
+                    variant=req.variant,
+                    elapsed_ms=(routed_s - received_s) * 1000.0,
+                )
+            except Overloaded as busy:
+                retry_after_s = float(busy.fields.get("retry_after_s") or 0.0)
+                self.door(principal.name).observe(
+                    True, routed_s, self.loop_watch.busy(routed_s), retry_after_s
+                )
+                raise
+            self.door(principal.name).observe(False, routed_s, self.loop_watch.busy(routed_s))
             variant_name = routed.variant.name
             result = await self._batcher.submit(
                 routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0

@@ -363,12 +363,44 @@ async def _wait_ready(server: Server, timeout_s: float) -> None:
                 await asyncio.sleep(0.5)
 
 
+def cpu_seconds(server: Server) -> dict[str, float]:
+    """CPU seconds used so far by the load generator (this process), the server's own process
+    (the front end), its Ray worker processes and the rest of its tree (Ray's daemons)."""
+    import psutil
+
+    def used(proc: psutil.Process) -> float:
+        try:
+            t = proc.cpu_times()
+            return float(t.user + t.system)
+        except psutil.Error:
+            return 0.0
+
+    root = psutil.Process(server.proc.pid)
+    out = {"load": used(psutil.Process()), "front end": used(root), "workers": 0.0, "daemons": 0.0}
+    # Linux: the front end's main thread's time runnable but waiting for a core (schedstat's
+    # second field), which tells a front end that waits for work from one that waits for a CPU.
+    try:
+        fields = Path(f"/proc/{root.pid}/task/{root.pid}/schedstat").read_text().split()
+        out["front end waiting for a core"] = int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        pass
+    for child in root.children(recursive=True):
+        try:
+            title = child.name() + " " + " ".join(child.cmdline()[:1])
+        except psutil.Error:
+            continue
+        out["workers" if "ray::" in title else "daemons"] += used(child)
+    return out
+
+
 async def measure(
     server: Server, c1_requests: int, c64_s: float, concurrency: int
-) -> tuple[list[float], float, float | None]:
+) -> tuple[list[float], float, float | None, dict[str, float]]:
     """One window: `c1_requests` sequential latencies (ms), then req/s at `concurrency` for `c64_s`,
-    and the mean batch size the requests of that window ran in (None where the server does not
-    batch). The mean shows whether the batcher really merges requests arriving over HTTP."""
+    the mean batch size the requests of that window ran in (None where the server does not
+    batch), and the cores each part used in that window (`cpu_seconds` ÷ its length). The mean
+    batch shows whether the batcher really merges requests arriving over HTTP; the cores show
+    where a 2-core machine's CPU went."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -393,11 +425,14 @@ async def measure(
         await asyncio.gather(*(client() for _ in range(concurrency)))
         done = 0
         batch_rows.clear()
+        cpu_before = cpu_seconds(server)
         t0 = time.perf_counter()
         stop_s = t0 + c64_s
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        rps = done / (time.perf_counter() - t0)
-    return lat, rps, (statistics.fmean(batch_rows) if batch_rows else None)
+        elapsed_s = time.perf_counter() - t0
+        rps = done / elapsed_s
+        cores = {k: (v - cpu_before[k]) / elapsed_s for k, v in cpu_seconds(server).items()}
+    return lat, rps, (statistics.fmean(batch_rows) if batch_rows else None), cores
 
 
 @dataclass
@@ -681,7 +716,7 @@ def main() -> None:
                     else:
                         server = start_server(kind, workdir)
                     try:
-                        lat, window_rps, mean_batch = asyncio.run(
+                        lat, window_rps, mean_batch, cores = asyncio.run(
                             measure(server, args.requests // args.rounds, args.seconds, args.concurrency)
                         )
                     except Exception:
@@ -694,9 +729,10 @@ def main() -> None:
                     latencies_ms.setdefault((model, kind), []).extend(lat)
                     rps.setdefault((model, kind), []).append(window_rps)
                     batch = "" if mean_batch is None else f", mean batch {mean_batch:.1f} rows"
+                    used = ", ".join(f"{part} {n:.2f}" for part, n in cores.items() if n >= 0.005)
                     print(
                         f"  round {round_no + 1} {model} {kind}: p50 {statistics.median(lat):.3f} ms, "
-                        f"{window_rps:.0f} req/s{batch}",
+                        f"{window_rps:.0f} req/s{batch}; cores: {used}",
                         flush=True,
                     )
         for (model, kind), values in rps.items():

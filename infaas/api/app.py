@@ -252,6 +252,13 @@ def create_app(
             workers=lambda: pool_health() or True,
             warm_up=lambda: the_router.warming_up == 0 or f"{the_router.warming_up} variant(s) loading",
         )
+        watch = app.state.dataplane.loop_watch
+
+        async def tick() -> None:
+            watch.tick(time.monotonic())
+
+        loop_lag = Periodic("loop-lag", watch.tick_s, tick)
+        loop_lag.start()
         watchdog = Periodic("worker-pool-watchdog", 1.0, lambda: _watch_pool(app, pool_health))
         watchdog.start()
         # What start-up made (Ray's client, the imported frameworks, the snapshot) lives as long
@@ -263,6 +270,7 @@ def create_app(
             yield
         finally:
             await watchdog.close()
+            await loop_lag.close()
             for loop in shared_loops:
                 await loop.close()
             if peers is not None:

@@ -36,6 +36,7 @@ __all__ = [
     "Principal",
     "TenantPrincipal",
     "ensure_admin_key",
+    "known_principal",
     "new_api_key",
 ]
 
@@ -138,6 +139,15 @@ def _bearer(request: Request) -> str:
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
     return token.strip()
+
+
+def known_principal(cache: KeyCache, authorization: bytes, now_s: float) -> Principal | None:
+    """The tenant a raw ``Authorization`` header names, if the cache holds its key fresh (None
+    for an unknown or expired key, a malformed header, or the admin key, which is never cached)."""
+    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return cache.get(KeyCache.digest(token.strip()), now_s)
 
 
 async def authenticate(request: Request) -> Principal:

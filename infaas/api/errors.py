@@ -15,7 +15,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infaas import errors as e
 
-__all__ = ["HTTP_STATUS", "RETRY_AFTER_S", "install_error_handlers", "protocol_error", "status_for"]
+__all__ = [
+    "HTTP_STATUS",
+    "RETRY_AFTER_S",
+    "error_response",
+    "install_error_handlers",
+    "protocol_error",
+    "status_for",
+]
 
 HTTP_STATUS: dict[type[e.InfaasError], int] = {
     e.InfaasError: 500,
@@ -51,10 +58,10 @@ def protocol_error(exc: e.InfaasError) -> JSONResponse:
     """The error as the KServe V2 and TensorFlow Serving protocols carry it: ``error`` is a
     message; infaas's ``detail`` and fields ride along; status and headers as everywhere."""
     body = {**exc.to_body(), "error": f"{exc.code}: {exc.message}", "detail": exc.message}
-    return _error_response(exc, body)
+    return error_response(exc, body)
 
 
-def _error_response(exc: e.InfaasError, body: dict[str, Any] | None = None) -> JSONResponse:
+def error_response(exc: e.InfaasError, body: dict[str, Any] | None = None) -> JSONResponse:
     status = status_for(exc)
     headers: dict[str, str] = {}
     if isinstance(exc, e.Unauthenticated):
@@ -75,18 +82,18 @@ def _validation_detail(errors: Any) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     async def on_infaas(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, e.InfaasError)
-        return _error_response(exc)
+        return error_response(exc)
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return _error_response(e.InvalidInput(_validation_detail(exc.errors())))
+        return error_response(e.InvalidInput(_validation_detail(exc.errors())))
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         # FastAPI answers any error raised while it reads a form or JSON body with "400: There was
         # an error parsing the body"; one of ours (the body limit's 413) keeps its status and words.
         if isinstance(exc.__cause__, e.InfaasError):
-            return _error_response(exc.__cause__)
+            return error_response(exc.__cause__)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         # Starlette's 405 names the allowed methods in `Allow` (RFC 9110): keep its headers.
         return JSONResponse(

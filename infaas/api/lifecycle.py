@@ -34,6 +34,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infaas.api.routes.query import QueryDoor
 from infaas.errors import Unavailable
 from infaas.settings import Settings
 
@@ -175,7 +176,7 @@ def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
     """Serve `app` until stopped; returns the process exit code (0 after a signal's clean stop).
     `reuse_port`: bind with SO_REUSEPORT, so that several front-end processes share the port and
     the kernel spreads connections over them (`infaas serve --workers N`)."""
-    gate = DrainGate(app)
+    gate = DrainGate(QueryDoor(app))
     app.state.readiness_checks["accepting"] = lambda: not gate.draining
     config = uvicorn.Config(
         gate,

@@ -18,9 +18,10 @@ from fastapi import FastAPI
 
 from infaas.api import create_app
 from infaas.api.auth import KeyCache, Principal
+from infaas.api.routes.query import QueryDoor
 from infaas.settings import Settings
 from infaas.store import MemoryStore
-from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, Architecture, InputSpec, Task
+from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, COUNTER_REFUSED, Architecture, InputSpec, Task
 from infaas.workers.inprocess import EchoModel, InProcessPool
 from tests.unit.policy.test_selection import MACHINE, make_entry
 
@@ -292,3 +293,43 @@ def test_usage_is_exactly_the_sum_of_charged_costs_per_tenant(
         rows = store.usage(tenant=tenant)
         assert sum(r.counters[COUNTER_COST_PUSD] for r in rows) == charged[tenant]
         assert sum(r.counters[COUNTER_QUERIES] for r in rows) == counts[tenant]
+
+
+def test_the_door_refuses_a_known_tenant_before_the_app_and_meters_it(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, store, keys = api
+    for tenant in ("t1", "t2"):
+        assert post(client, keys[tenant], q())[0] == 200  # the key is now in the key cache
+    door = client.app.state.dataplane.door("t1")
+    for _ in range(200):  # admission refused everything of t1's for a while
+        door.observe(True, time.monotonic(), loop_busy=True, retry_after_s=2.5)
+    assert door.share == pytest.approx(0.95)
+    gated = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=QueryDoor(client.app)), base_url="http://test"
+    )
+    headers = {"Authorization": f"Bearer {keys['t1']}"}
+
+    async def burst() -> list[httpx.Response]:
+        return [await gated.post("/v1/query", json=q(), headers=headers) for _ in range(20)]
+
+    responses = client._loop.run_until_complete(burst())
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(refused) >= 18, [r.status_code for r in responses]
+    assert all(r.json()["error"] == "overloaded" and r.json()["at_door"] for r in refused)
+    assert all(r.headers["retry-after"] == "3" for r in refused)
+    # an unknown key is not refused at the door: the app says what is wrong with it
+    unknown = client._loop.run_until_complete(
+        gated.post("/v1/query", json=q(), headers={"Authorization": "Bearer nope"})
+    )
+    assert unknown.status_code == 401
+    # another tenant's queries are not shed for t1's overload
+    other = client._loop.run_until_complete(
+        gated.post("/v1/query", json=q(), headers={"Authorization": f"Bearer {keys['t2']}"})
+    )
+    assert other.status_code == 200, other.text
+    client._loop.run_until_complete(gated.aclose())
+    client.app.state.meter.flush()
+    rows = store.usage(tenant="t1")
+    assert sum(r.counters.get(COUNTER_REFUSED, 0) for r in rows) == len(refused)
+    assert sum(r.counters.get(COUNTER_QUERIES, 0) for r in rows) == 1 + len(responses) - len(refused)

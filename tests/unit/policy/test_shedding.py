@@ -1,0 +1,96 @@
+"""The door's shedder: it follows what admission does with the queries that pass it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infaas.policy.shedding import DoorShedder, LoopWatch
+
+
+def run(
+    door: DoorShedder, arrivals: int, capacity: float, rate_per_s: float = 1000.0
+) -> tuple[int, int, int]:
+    """`arrivals` queries at `rate_per_s`; admission admits `capacity` of the arrival rate (a
+    token bucket) and refuses the rest of what reaches it. Returns (refused at the door, passed,
+    refused by admission), counted over the second half."""
+    at_door = passed = by_admission = 0
+    tokens = 0.0
+    for i in range(arrivals):
+        now_s = i / rate_per_s
+        late = i >= arrivals // 2
+        tokens = min(tokens + capacity, 5.0)
+        if not door.admit(now_s):
+            at_door += late
+            continue
+        refused = tokens < 1.0
+        if not refused:
+            tokens -= 1.0
+        passed += late
+        by_admission += late and refused
+        door.observe(refused, now_s, loop_busy=True, retry_after_s=0.2)
+    return at_door, passed, by_admission
+
+
+def test_no_refusal_by_admission_means_none_at_the_door() -> None:
+    door = DoorShedder()
+    assert run(door, 5000, capacity=1.0) == (0, 2500, 0)
+    assert door.share == 0.0
+
+
+def test_under_overload_the_door_takes_the_bulk_and_admission_keeps_a_share() -> None:
+    door = DoorShedder(keep=0.1)
+    at_door, passed, by_admission = run(door, 20_000, capacity=0.2)  # 5× what it admits
+    # settles near 1 - 0.2 / (1 - keep) = 78 % refused at the door, `keep` of the rest by admission
+    assert 0.7 < at_door / 10_000 < 0.85, at_door
+    assert 0.05 < by_admission / passed < 0.2, (by_admission, passed)
+    assert door.retry_after_s == 0.2
+
+
+def test_the_share_is_applied_exactly_and_decays_once_admission_is_quiet() -> None:
+    door = DoorShedder(gain=0.25, keep=0.5, idle_s=0.5)
+    door.observe(True, 0.0, loop_busy=True)  # +0.125
+    door.observe(True, 0.0, loop_busy=True)  # 0.25
+    assert door.share == pytest.approx(0.25)
+    assert [door.admit(0.0) for _ in range(8)] == [True, True, True, False] * 2
+    door.admit(0.5)  # within idle_s: no decay
+    assert door.share == pytest.approx(0.25)
+    door.admit(5.0)  # 4.5 s of quiet after the grace: e^-9 of it left
+    assert door.share < 0.001
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0.0, 0.01)), max_size=300))
+def test_the_share_stays_within_its_bounds(outcomes: list[tuple[bool, float]]) -> None:
+    door = DoorShedder(max_share=0.9)
+    now_s = 0.0
+    for refused, dt in outcomes:
+        now_s += dt
+        door.observe(refused, now_s, loop_busy=True)
+        door.admit(now_s)
+        assert 0.0 <= door.share <= 0.9
+
+
+def test_refusals_while_the_loop_keeps_up_do_not_close_the_door() -> None:
+    """Admission refusing a tight target on an idle front end says nothing about the load."""
+    door = DoorShedder()
+    for i in range(1000):
+        door.observe(True, i / 1000.0, loop_busy=False)
+    assert door.share == 0.0
+    assert all(door.admit(1.0) for _ in range(100))
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError):
+        DoorShedder(keep=1.0)
+    with pytest.raises(ValueError):
+        DoorShedder(max_share=1.0)
+
+
+def test_the_loop_is_busy_for_a_second_after_a_late_timer() -> None:
+    watch = LoopWatch(tick_s=0.01, late_s=0.01, hold_s=1.0)
+    for i in range(100):  # on time, 10 ms apart
+        watch.tick(i * 0.01 + 0.001)
+    assert not watch.busy(1.0)
+    watch.tick(1.0 + 0.025)  # 15 ms late
+    assert watch.busy(1.5) and not watch.busy(2.03)
