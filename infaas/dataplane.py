@@ -247,6 +247,11 @@ class DataPlane:
             slo=slo,
         )
 
+    def shedding(self) -> bool:
+        """Whether any tenant's door refuses now: when none does (the usual case), the door
+        skips the header lookup and the key's digest on every query."""
+        return any(door.share > 0.0 for door in self._doors.values())
+
     def door(self, tenant: str) -> DoorShedder:
         """`tenant`'s shedder at the door: one per tenant, so that one tenant's overload does not
         get another's queries refused on arrival (the task is unknown there: the body is unread)."""

@@ -133,21 +133,24 @@ def ensure_admin_key(settings: Settings) -> str:
     return key
 
 
-def _bearer(request: Request) -> str:
-    header = request.headers.get("authorization", "")
+def _token(header: str) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (None if it is not one)."""
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _bearer(request: Request) -> str:
+    token = _token(request.headers.get("authorization", ""))
+    if token is None:
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
-    return token.strip()
+    return token
 
 
 def known_principal(cache: KeyCache, authorization: bytes, now_s: float) -> Principal | None:
     """The tenant a raw ``Authorization`` header names, if the cache holds its key fresh (None
     for an unknown or expired key, a malformed header, or the admin key, which is never cached)."""
-    scheme, _, token = authorization.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return cache.get(KeyCache.digest(token.strip()), now_s)
+    token = _token(authorization.decode("latin-1"))
+    return None if token is None else cache.get(KeyCache.digest(token), now_s)
 
 
 async def authenticate(request: Request) -> Principal:

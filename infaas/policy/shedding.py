@@ -5,7 +5,7 @@ Admission (the router) refuses a query only after its body was read, parsed and 
 front end that costs ~0.8 ms a refusal, as much as an answer. Past ~2× what the service sustains,
 refusing took the whole event loop; the loop's lag went into every answer and into the path's
 overhead estimate, which refused more: measured on an AVX2 EPYC at 2× overload, 32-60 queries
-answered a second out of ~450 sustained, half of them late. A refusal at the door costs the
+answered a second out of 380-520 sustained, 26-54 % of them late. A refusal at the door costs the
 authentication and the error reply only.
 
 The share refused at the door follows what admission does with the queries that pass it (integral

@@ -66,7 +66,7 @@ class QueryDoor:
     def _refusal(self, scope: Scope) -> Overloaded | None:
         state = self.app.state
         dataplane: DataPlane | None = getattr(state, "dataplane", None)
-        if dataplane is None:
+        if dataplane is None or not dataplane.shedding():
             return None
         now_s = time.monotonic()
         principal = known_principal(state.key_cache, dict(scope["headers"]).get(b"authorization", b""), now_s)
