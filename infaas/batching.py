@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from infaas.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from infaas.policy.batching import BatchParams, InFlight, decide, predicted_queue_delay_ms
+from infaas.policy.batching import BatchParams, InFlight, decide, follow_slowdown, predicted_queue_delay_ms
 from infaas.types import Profile, Variant
 from infaas.workers.base import BatchResult, WorkerPool
 from infaas.workers.placement import Placement
@@ -350,8 +350,7 @@ class AsyncBatcher:
             own_ms = run_ms - wait_ms
             profiled_ms = queue.profile.latency_ms(rows, "p50")
             if profiled_ms >= _COMPUTE_BOUND_MS:
-                ratio = (own_ms - queue.overhead_ms) / profiled_ms
-                queue.slowdown += _OVERHEAD_EWMA_ALPHA * (min(max(ratio, 0.5), 20.0) - queue.slowdown)
+                queue.slowdown = follow_slowdown(queue.slowdown, (own_ms - queue.overhead_ms) / profiled_ms)
             else:
                 measured_overhead_ms = own_ms - profiled_ms * queue.slowdown
                 queue.overhead_ms += _OVERHEAD_EWMA_ALPHA * (
@@ -403,7 +402,8 @@ class AsyncBatcher:
         return queue.overhead_ms if queue is not None else self._initial_overhead_ms
 
     def slowdown(self, variant: str) -> float:
-        """Measured run time ÷ profiled for `variant`'s compute-bound batches (1.0 until measured)."""
+        """Measured run time ÷ profiled for `variant`'s compute-bound batches, an envelope of the
+        recent batches (`policy.batching.follow_slowdown`; 1.0 until measured)."""
         queue = self._queues.get(variant)
         return queue.slowdown if queue is not None else 1.0
 

@@ -605,12 +605,14 @@ class Router:
             return DEFAULT_OVERHEAD_MS
         return tracker.current(now_s) if now_s is not None else tracker.value_ms
 
-    def live_state(self, table: VariantTable, now_s: float) -> LiveState:
-        """Loaded variants, and per live variant its queueing delay plus how much its path's
-        overhead exceeds the smallest (the policy adds that smallest to every variant)."""
-        return self._live(table, now_s)[0]
+    def live_state(self, table: VariantTable, now_s: float, rows: int = 1) -> LiveState:
+        """Loaded variants, and per live variant the delay a query of `rows` rows would see beyond
+        its profile: its queueing delay, how much its path's overhead exceeds the smallest (the
+        policy adds that smallest to every variant), and its own run's share of the slowdown
+        measured on its batches."""
+        return self._live(table, now_s, rows)[0]
 
-    def _live(self, table: VariantTable, now_s: float) -> tuple[LiveState, dict[str, float]]:
+    def _live(self, table: VariantTable, now_s: float, rows: int) -> tuple[LiveState, dict[str, float]]:
         """`live_state`, and the batcher's queueing delays it read, by variant: `_routed` needs the
         chosen one's again, and asking the batcher twice per query showed in profiles."""
         loaded = self._loaded_names(table, now_s)
@@ -620,12 +622,23 @@ class Router:
         variants = self._snapshot.variants
         for name in loaded.union(self._batcher.queue_depths()):
             if name in table:
-                extra_ms = self.overhead_ms(self._pool.overhead_key(variants[name][0]), now_s) - base_ms
+                variant, profile = variants[name]
+                extra_ms = self.overhead_ms(self._pool.overhead_key(variant), now_s) - base_ms
                 queue_ms[name] = self._batcher.queue_delay_ms(name)
-                delay = queue_ms[name] + extra_ms
+                delay = queue_ms[name] + extra_ms + self._slower_ms(name, profile, rows)
                 if delay > 0.0:
                     delays[name] = delay
         return LiveState(loaded=loaded, queue_delay_ms=delays, overhead_ms=base_ms), queue_ms
+
+    def _slower_ms(self, name: str, profile: Profile | None, rows: int) -> float:
+        """How much longer than its profile a run of `rows` rows on `name` is predicted to take,
+        by the slowdown its recent batches measured (0 until they measure one): the queue's
+        prediction already counts it, and leaving it out of the query's own run admitted queries
+        of a compute-bound model that a busy machine then answered late."""
+        factor = self._batcher.slowdown(name)
+        if factor <= 1.0 or profile is None:
+            return 0.0
+        return profile.latency_ms(rows, "p99") * (factor - 1.0)
 
     # ---- the decision -------------------------------------------------------------------
     def route(
@@ -671,7 +684,7 @@ class Router:
             split = "@" not in architecture
         else:
             table = snap.by_task.get(task.name) or VariantTable(())
-        live, queue_ms = self._live(table, now_s)
+        live, queue_ms = self._live(table, now_s, rows)
         result = table.select(rows, left, live)
         if isinstance(result, Infeasible):
             # Admission: busy (429) or impossible (422)? Ask again as an idle fleet would answer.
@@ -716,7 +729,7 @@ class Router:
             return None
         table = snap.by_architecture.get(version_name(line, labels.canary))
         if table is not None:
-            live, queue_ms = self._live(table, now_s)
+            live, queue_ms = self._live(table, now_s, rows)
             result = table.select(rows, left, live)
             if isinstance(result, Choice) and result.variant in live.loaded:
                 return result, live, queue_ms
@@ -759,14 +772,17 @@ class Router:
         # The path's measured overhead is the other half of "busy": after a stall it alone may
         # refuse a query whose queue is empty, and a message naming only the queue hid that.
         path_ms = self.overhead_ms(self._pool.overhead_key(self._snapshot.variants[idle.variant][0]))
+        slowdown = self._batcher.slowdown(idle.variant)
+        compute = f", and its batches run {slowdown:.1f}x their profile" if slowdown >= 1.05 else ""
         return Overloaded(
             f"{task.name}: the variants that meet the targets are busy: {idle.variant} would answer "
             f"in {idle.predicted_latency_ms:.1f} ms idle, but its queue adds ~{queued_ms:.0f} ms and "
-            f"its path ~{path_ms:.0f} ms beyond its profile (target {slo.latency_ms:g} ms); retry",
+            f"its path ~{path_ms:.0f} ms beyond its profile{compute} (target {slo.latency_ms:g} ms); retry",
             task=task.name,
             variant=idle.variant,
             predicted_idle_ms=round(idle.predicted_latency_ms, 4),
             path_overhead_ms=round(path_ms, 3),
+            slowdown=round(slowdown, 3),
             retry_after_s=round(max(queued_ms, 1.0) / 1000.0, 3),
         )
 
@@ -815,7 +831,7 @@ class Router:
                 rows=rows,
                 max_rows=found.spec.max_batch,
             )
-        live, queue_ms = self._live(table, now_s)
+        live, queue_ms = self._live(table, now_s, rows)
         decision = table.predict(name, rows, live)
         if decision is None:  # unreachable after the checks above; kept as a typed guard
             raise VariantNotFound(f"no variant {name!r}", variant=name)
@@ -843,7 +859,9 @@ class Router:
             variant=variant,
             profile=profile,
             cold=decision.variant not in live.loaded,
-            expected_ms=profile.latency_ms(rows, "p99") + queued_ms,
+            expected_ms=(
+                profile.latency_ms(rows, "p99") + self._slower_ms(decision.variant, profile, rows) + queued_ms
+            ),
         )
 
     def _infeasible_error(

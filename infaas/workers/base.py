@@ -93,6 +93,11 @@ class Batcher(Protocol):
         """Predicted wait a new request to `variant` would see now (the router adds it to latency)."""
         ...
 
+    def slowdown(self, variant: str) -> float:
+        """Measured run time ÷ profiled of `variant`'s compute-bound batches (1.0 until measured):
+        the router prices a query's own run with it, as the queueing delay already is."""
+        ...
+
     def queue_depths(self) -> dict[str, int]: ...
 
     def in_flight(self) -> dict[str, int]:

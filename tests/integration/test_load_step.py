@@ -14,6 +14,7 @@ the step is refused (429) whatever the policy does."""
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from pathlib import Path
@@ -114,18 +115,26 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     # the overhead estimate to learn it. Measured: 435-650 ms, 36-60 % in SLO on an AVX-512 Xeon;
     # 1.6 s and 11 % on an AVX2 EPYC (one run after the batch head's deque fix; earlier runs there
     # had that bug); 378-450 ms and 76-81 % on an AVX-512 EPYC with batches on the worker
-    # stream (two runs, alone). What is asserted is what admission guarantees even so: a latency bounded by
+    # stream (two runs, alone); 340-395 ms and 89-92 % on a Xeon once the router priced the
+    # measured slowdown into a query's own run (three runs, alone). What is asserted is what admission guarantees even so: a latency bounded by
     # deadline-capped batches (8× the target), and no failure.
     t0 = result.outcomes[0].sent_s
-    late_phase = [
-        o.body["latency_ms"]
+    after = [
+        o.body
         for o in result.outcomes
         if o.status == 200 and o.body is not None and o.sent_s - t0 >= first_up_s + 1.0
     ]
+    late_phase = [b["latency_ms"] for b in after]
     assert len(late_phase) >= 20, result.statuses()
     p99 = float(np.percentile(late_phase, 99))
     in_slo = sum(1 for ms in late_phase if ms <= TARGET_MS) / len(late_phase)
-    print(f"\nload step: {len(late_phase)} answers after the action, p99 {p99:.0f} ms, {in_slo:.0%} in SLO")
+    predicted = [b["predicted_latency_ms"] for b in after]
+    print(
+        f"\nload step: {len(late_phase)} answers after the action, p99 {p99:.0f} ms, {in_slo:.0%} in SLO; "
+        f"predicted p50/p99 {np.percentile(predicted, 50):.0f}/{np.percentile(predicted, 99):.0f} ms, "
+        f"measured p50 {np.percentile(late_phase, 50):.0f} ms; "
+        f"variants {collections.Counter(b['variant'].split('/')[-1] for b in after).most_common()}"
+    )
     assert p99 <= 8 * TARGET_MS, (p99, in_slo, result.statuses())
     assert set(result.statuses()) <= {200, 429, 504}, result.statuses()
     downs = [

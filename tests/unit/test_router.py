@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from infaas.batching import AsyncBatcher
+from infaas.batching import AsyncBatcher, ManualTimer
 from infaas.errors import (
     ArchitectureNotFound,
     InvalidInput,
@@ -318,6 +318,47 @@ def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429(
         # impossible even idle: 422, not 429
         with pytest.raises(NoFeasibleVariant):
             router.route("t", 1, SLO(latency_ms=1), now_s=2.0)
+        await router.close()
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_slowdown_measured_on_its_batches_prices_the_querys_own_run() -> None:
+    """A busy machine runs a compute-bound variant's batches 3x slower than profiled: admission
+    counts that for the query's own run too, not only for the batches queued ahead of it (left
+    out, the load step's queries predicted at 230-249 ms were answered in 330-520 ms)."""
+
+    async def scenario() -> None:
+        store = store_with_one_task()
+        variant, profile = make_entry(
+            "m", "onnxruntime", 1, accuracy=0.9, base_ms=9.0, per_row_ms=1.0, price_usd_per_s=1e-5
+        )  # p50 10 ms, p99 15 ms for one row
+        store.register_architecture(make_arch("m", "t"), [variant], [])
+        store.put_profile(profile)
+        pool = RecordingPool(gated=True)
+        timer = ManualTimer()
+        batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+        router = Router(store, pool, batcher, machine=MACHINE)
+        router.refresh()
+        await pool.ensure_loaded(variant)
+        slo = SLO(latency_ms=30)
+        idle = router.route("t", 1, slo, now_s=0.0)
+        assert idle.decision.predicted_latency_ms <= 16.0 and idle.expected_ms == pytest.approx(15.0)
+        for _ in range(4):  # each batch takes 30 ms: 3x its 10 ms profile
+            task = asyncio.create_task(batcher.submit(variant, profile, np.zeros((1, 4), np.float32), 1e12))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            timer.advance(0.030)
+            pool.release()
+            await task
+        assert batcher.slowdown(variant.name) > 2.5
+        with pytest.raises(Overloaded, match=r"run 2\.\dx their profile|run 3\.0x their profile") as busy:
+            router.route("t", 1, slo, now_s=1.0)  # 15 ms x ~3 no longer fits 30 ms
+        assert busy.value.fields["slowdown"] > 2.5
+        roomy = router.route("t", 1, SLO(latency_ms=100), now_s=1.0)
+        assert roomy.expected_ms == pytest.approx(15.0 * batcher.slowdown(variant.name))
+        assert roomy.decision.predicted_latency_ms >= roomy.expected_ms
         await router.close()
         await batcher.close()
 

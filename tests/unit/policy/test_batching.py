@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infaas.policy.batching import BatchParams, InFlight, decide, predicted_queue_delay_ms
+from infaas.policy.batching import BatchParams, InFlight, decide, follow_slowdown, predicted_queue_delay_ms
 
 
 @dataclass(frozen=True)
@@ -190,3 +190,27 @@ def test_in_flight_with_two_replicas_waits_for_the_earlier_of_their_last_batches
     flight.sent(2, 0.0, 0.0, 3.0, None)
     assert flight.wait(0.0, servers=2) == (3.0, 2)
     assert flight.wait(0.0, servers=3) == (0.0, None)
+
+
+def test_the_slowdown_rises_at_once_and_falls_slowly() -> None:
+    estimate = follow_slowdown(1.0, 3.0)  # one batch 3x its profile: believed at once, mostly
+    assert estimate >= 2.0
+    after_one_fast = follow_slowdown(estimate, 1.0)  # one quick batch after it: still careful
+    assert after_one_fast >= 0.9 * estimate
+    for _ in range(60):  # a quiet spell: back to the profile
+        estimate = follow_slowdown(estimate, 1.0)
+    assert estimate == pytest.approx(1.0, abs=0.01)
+
+
+@given(
+    st.floats(min_value=0.5, max_value=20.0),
+    st.lists(st.floats(min_value=0.0, max_value=100.0, allow_nan=False), min_size=1, max_size=50),
+)
+def test_the_slowdown_stays_between_what_it_saw_and_within_bounds(start: float, ratios: list[float]) -> None:
+    estimate = start
+    for ratio in ratios:
+        before = estimate
+        estimate = follow_slowdown(estimate, ratio)
+        seen = min(max(ratio, 0.5), 20.0)
+        assert min(before, seen) - 1e-9 <= estimate <= max(before, seen) + 1e-9
+        assert 0.5 <= estimate <= 20.0
