@@ -116,8 +116,9 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     # 1.6 s and 11 % on an AVX2 EPYC (one run after the batch head's deque fix; earlier runs there
     # had that bug); 378-450 ms and 76-81 % on an AVX-512 EPYC with batches on the worker
     # stream (two runs, alone); 340-395 ms and 89-92 % on a Xeon once the router priced the
-    # measured slowdown into a query's own run (three runs, alone). What is asserted is what admission guarantees even so: a latency bounded by
-    # deadline-capped batches (8× the target), and no failure.
+    # measured slowdown into a query's own run (three runs, alone). What is asserted is what
+    # admission guarantees even so: a latency bounded by deadline-capped batches (8× the target),
+    # and no failure.
     t0 = result.outcomes[0].sent_s
     after = [
         o.body
