@@ -496,6 +496,7 @@ class FleetEvent(_Value):
         "replicate",
         "unload",
         "crash",
+        "recover",
         "retry",
         "quarantine",
         "place",

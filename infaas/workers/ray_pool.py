@@ -482,7 +482,8 @@ class RayPool:
                 memory_budget_mb=self._budget_mb,
                 queue_depth=w.in_flight,
                 pid=w.pid,
-                channel="stream" if w.channel is not None else "classic",
+                # How its batches go: a stream not (re)opened yet is still the stream's to open.
+                channel="stream" if self._stream and not w.classic else "classic",
                 node=w.node,
             )
             for w in self._workers.values()
@@ -911,5 +912,13 @@ class RayPool:
                     return
             await asyncio.sleep(0.2)
         if worker.incarnation == incarnation:
+            before = worker.pid
             worker.alive = True
             worker.mirror(described)
+            held = ", ".join(name for name, _ in described["loaded"]) or "nothing"
+            how = (
+                "the same process: only its stream dropped"
+                if worker.pid == before
+                else f"restarted as pid {worker.pid} (was {before})"
+            )
+            self._events.add("recover", "-", worker.worker_id, f"answers again, {how}; holds {held}")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,6 +271,9 @@ async def test_a_worker_killed_mid_load_loses_no_request_silently(
             await asyncio.sleep(0.1)
         np.testing.assert_allclose(await pool.run(a, rows[:2]), want_a[:2], rtol=1e-5, atol=1e-6)
         assert all(w.channel == channel for w in pool.fleet() if w.loaded), pool.fleet()
+        if any(e.kind == "crash" for e in events):  # seen dying: seen coming back, as a new process
+            recovered = [e.reason for e in pool.events(limit=1000) if e.kind == "recover"]
+            assert any("restarted as pid" in r for r in recovered), recovered
     finally:
         await pool.close()
 
@@ -306,6 +311,77 @@ async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Setting
         assert sum(await asyncio.wait_for(asyncio.gather(*(sender() for _ in range(8))), 60)) > 0
         events = [(e.kind, e.worker_id) for e in pool.events()]
         assert ("crash", first) in events and ("retry", first) in events
+    finally:
+        await pool.close()
+
+
+def _cut_tcp(ip: str, port: int) -> None:
+    """Destroy every TCP connection to `ip:port` from outside both processes, as a network fault
+    or a conntrack flush would (`ss -K`: needs root and a kernel with socket destroy)."""
+    done = subprocess.run(
+        ["ss", "-K", "dst", ip, "dport", "=", f":{port}"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and f":{port}" in done.stdout, (done.stdout, done.stderr)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ss") is None, reason="ss -K (cutting a TCP connection) needs root"
+)
+async def test_a_stream_cut_while_its_worker_lives_loses_no_batch_and_is_reopened(
+    ray_session: Settings, zoo
+) -> None:  # type: ignore[no-untyped-def]
+    """The connection to a worker drops while the worker lives: the batches on it fail over (a
+    retry, each answered right), the worker is not restarted, comes back with what it holds, and
+    its next batches take a new stream."""
+    import ray
+
+    root, variants, rows = zoo
+    a = variants["lr-a"]
+    pool = RayPool(
+        ray_session.model_copy(update={"worker_channel": "stream"}),
+        artifacts_dir=root,
+        max_workers_per_family=2,
+    )
+    try:
+        await pool.run(a, rows[:1])
+        [worker] = pool.placement()[a.name]
+        pid = pool.worker_pid(worker)
+        (ip, port), _ = await pool.worker_handle(worker).stream_address.remote()
+        big = np.tile(rows[:100], (100, 1))  # 10 000 rows: a few ms each, so some are in flight
+        want = expected(root, a, big)
+        tasks = [asyncio.ensure_future(pool.run(a, big)) for _ in range(200)]
+        while not any(t.done() for t in tasks):
+            await asyncio.sleep(0.001)
+        _cut_tcp(ip, port)
+        done = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+        for out in done:  # every batch answered, and right
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+        events = pool.events(limit=1000)
+        dropped = [e for e in events if e.kind == "crash" and e.worker_id == worker]
+        assert dropped and "connection to the worker dropped" in dropped[0].reason, events
+        assert any(e.kind == "retry" for e in events), events
+        deadline = asyncio.get_running_loop().time() + 30
+        while not all(w.alive for w in pool.fleet()):
+            assert asyncio.get_running_loop().time() < deadline, pool.fleet()
+            await asyncio.sleep(0.05)
+        assert pool.worker_pid(worker) == pid  # the same process: nothing was restarted
+        recovered = [
+            e.reason for e in pool.events(limit=1000) if (e.kind, e.worker_id) == ("recover", worker)
+        ]
+        assert recovered and "only its stream dropped" in recovered[0] and a.name in recovered[0], recovered
+        assert ray.get(pool.worker_handle(worker).describe.remote())["pid"] == pid
+        back = {w.worker_id: w for w in pool.fleet()}[worker]
+        assert a.name in back.loaded, back  # what it held, mirrored back
+        again = await pool.run(a, rows[:5])
+        np.testing.assert_allclose(again, expected(root, a, rows[:5]), rtol=1e-5, atol=1e-6)
+        # ... over a new connection to the same server, not a fallback to classic calls
+        assert not [e for e in pool.events(limit=1000) if e.kind == "channel"]
+        assert [w.channel for w in pool.fleet()] == ["stream"] * len(pool.fleet())
+        reopened = subprocess.run(
+            ["ss", "-Htn", "state", "established", "dst", ip, "dport", "=", f":{port}"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert f":{port}" in reopened.stdout, reopened.stdout
     finally:
         await pool.close()
 
