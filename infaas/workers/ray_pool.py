@@ -803,7 +803,9 @@ class RayPool:
         if not self._stream or worker.classic or worker.channel is not None or not worker.alive:
             return worker.channel
         async with worker.channel_lock:
-            if worker.channel is not None or not worker.alive:
+            # Again under the lock: the batches that waited on it learn what the first one found
+            # (an open stream, or none to be had), rather than each trying to open one.
+            if worker.classic or worker.channel is not None or not worker.alive:
                 return worker.channel
             incarnation = worker.incarnation
             address, token = await self._call(worker, incarnation, worker.handle.stream_address.remote())
@@ -915,6 +917,8 @@ class RayPool:
             before = worker.pid
             worker.alive = True
             worker.mirror(described)
+            if worker.pid != before:
+                worker.classic = False  # a new process serves a new stream: try it again
             held = ", ".join(name for name, _ in described["loaded"]) or "nothing"
             how = (
                 "the same process: only its stream dropped"

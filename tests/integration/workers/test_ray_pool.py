@@ -315,18 +315,28 @@ async def test_ray_kill_of_an_actor_is_retried_on_a_replica(ray_session: Setting
         await pool.close()
 
 
-def _cut_tcp(ip: str, port: int) -> None:
-    """Destroy every TCP connection to `ip:port` from outside both processes, as a network fault
-    or a conntrack flush would (`ss -K`: needs root and a kernel with socket destroy)."""
+def _cut_tcp(ip: str, port: int, *, listener: bool = False) -> None:
+    """Destroy every TCP connection to `ip:port` (and with `listener`, the listening socket too)
+    from outside both processes, as a network fault would (`ss -K`: needs root and a kernel with
+    socket destroy)."""
+    if listener:
+        closed = subprocess.run(
+            ["ss", "-K", "state", "listening", "src", ip, "sport", "=", f":{port}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert closed.returncode == 0 and f":{port}" in closed.stdout, (closed.stdout, closed.stderr)
     done = subprocess.run(
         ["ss", "-K", "dst", ip, "dport", "=", f":{port}"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and f":{port}" in done.stdout, (done.stdout, done.stderr)
 
 
-@pytest.mark.skipif(
+needs_ss_kill = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ss") is None, reason="ss -K (cutting a TCP connection) needs root"
 )
+
+
+@needs_ss_kill
 async def test_a_stream_cut_while_its_worker_lives_loses_no_batch_and_is_reopened(
     ray_session: Settings, zoo
 ) -> None:  # type: ignore[no-untyped-def]
@@ -382,6 +392,39 @@ async def test_a_stream_cut_while_its_worker_lives_loses_no_batch_and_is_reopene
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert f":{port}" in reopened.stdout, reopened.stdout
+    finally:
+        await pool.close()
+
+
+@needs_ss_kill
+async def test_a_worker_whose_stream_cannot_be_reopened_falls_back_to_classic_calls(
+    ray_session: Settings, zoo
+) -> None:  # type: ignore[no-untyped-def]
+    """The stream drops and its server no longer accepts (a firewall, a dead thread): the worker's
+    batches go as classic actor calls from then on, with a `channel` event that says why."""
+    root, variants, rows = zoo
+    a = variants["lr-a"]
+    pool = RayPool(
+        ray_session.model_copy(update={"worker_channel": "stream"}),
+        artifacts_dir=root,
+        max_workers_per_family=1,
+    )
+    try:
+        await pool.run(a, rows[:1])
+        [worker] = pool.placement()[a.name]
+        (ip, port), _ = await pool.worker_handle(worker).stream_address.remote()
+        _cut_tcp(ip, port, listener=True)  # idle: no batch is lost, nothing to retry
+        deadline = asyncio.get_running_loop().time() + 30
+        while not any(e.kind == "recover" for e in pool.events(limit=1000)):
+            assert asyncio.get_running_loop().time() < deadline, pool.events(limit=1000)
+            await asyncio.sleep(0.05)
+        outs = await asyncio.gather(*(pool.run(a, rows[i : i + 4]) for i in range(0, 80, 4)))
+        np.testing.assert_allclose(np.concatenate(outs), expected(root, a, rows[:80]), rtol=1e-5, atol=1e-6)
+        fallback = [e for e in pool.events(limit=1000) if e.kind == "channel"]
+        assert len(fallback) == 1 and fallback[0].worker_id == worker, fallback
+        assert f"{port} could not be opened" in fallback[0].reason and "classic" in fallback[0].reason
+        assert [w.channel for w in pool.fleet()] == ["classic"]
+        assert not any(e.kind == "retry" for e in pool.events(limit=1000))
     finally:
         await pool.close()
 
