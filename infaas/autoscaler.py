@@ -5,7 +5,8 @@ Every `interval_s` it measures a `FleetSnapshot` and applies what the pure `deci
 - demand per variant over the look-back window (`DemandWindow`, fed by the meter with every
   answered, refused or failed query): rows/s, rows answered late or refused, the tightest latency
   and highest accuracy target its traffic asked for, the batch sizes it really ran at;
-- one replica's capacity at those batch sizes, from the profile's latency curve;
+- one replica's capacity at those batch sizes: the profile's latency curve there, times the
+  slowdown the variant's batches measure now (the batcher's; other processes share its cores);
 - the oldest queued request's age (the batcher), replicas and path (the `Placement`);
 - the free vCPUs / GPUs: what Ray reports available, less what the workers hold (worker actors
   reserve no logical CPU, since their variants' threads are explicit, so Ray cannot count them; a
@@ -201,7 +202,7 @@ class Autoscaler:
 
     `catalog` returns the variants the service knows with their usable profiles and `tasks` the
     task of each architecture (the router's snapshot); `queue_age_ms` the batcher's oldest waiting
-    request per variant; `resources` (total, available) vCPUs and GPUs of the cluster, of which
+    request per variant and `slowdown` how much slower than profiled its batches run now; `resources` (total, available) vCPUs and GPUs of the cluster, of which
     `reserved_cpus` are the front end's own. With `act` false it only accounts the fleet's cost
     (a static deployment, a baseline the benchmarks compare with; `config.actions` restricted to
     replicate and remove is the other). On a shared fleet `leader` says whether this front end
@@ -216,6 +217,7 @@ class Autoscaler:
         *,
         config: AutoscalingConfig | None = None,
         queue_age_ms: Callable[[str], float] = lambda _: 0.0,
+        slowdown: Callable[[str], float] = lambda _: 1.0,
         resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None,
         clock: Callable[[], float] = time.time,
         interval_s: float = 1.0,
@@ -229,6 +231,7 @@ class Autoscaler:
         self._demand = demand
         self.config = config or AutoscalingConfig()
         self._queue_age_ms = queue_age_ms
+        self._slowdown = slowdown
         self._resources = resources or _local_resources
         self._reserved_cpus = reserved_cpus
         self.act = act
@@ -269,7 +272,10 @@ class Autoscaler:
                     task=tasks[variant.architecture],
                     architecture=variant.architecture,
                     replicas=replicas,
-                    capacity_rows_per_s=capacity_rows_per_s(profile, d.mean_batch_rows),
+                    # Measured, not idle: a replica whose batches run 2x their profile (a busy
+                    # machine) serves half the rows, and the policy scales on what it serves.
+                    capacity_rows_per_s=capacity_rows_per_s(profile, d.mean_batch_rows)
+                    / max(1.0, self._slowdown(name)),
                     accuracy=profile.accuracy,
                     price_usd_per_s=profile.price_usd_per_s,
                     cpus=cpus,

@@ -209,6 +209,7 @@ def create_app(
                 actions=frozenset(settings.autoscale_actions.split(",")),
             ),
             queue_age_ms=batcher.oldest_age_ms,
+            slowdown=batcher.slowdown,
             resources=resources,
             reserved_cpus=settings.front_end_cpus,
             interval_s=settings.autoscale_interval_s,

@@ -86,6 +86,33 @@ def test_capacity_is_the_throughput_at_the_batches_really_run() -> None:
     assert capacity_rows_per_s(profile.model_copy(update={"points": ()})) == 0.0
 
 
+def test_capacity_is_divided_by_the_slowdown_the_batches_measure() -> None:
+    """A replica whose batches run 2.5x their profile serves 2.5x fewer rows: the policy sees
+    that, not the idle profile (and a measured speed-up is not taken as more capacity)."""
+    timer = ManualTimer()
+    variants = {v.name: (v, p) for v, p in [entry("a")]}
+    name = next(iter(variants))
+    slowdowns = {name: 2.5}
+    demand = DemandWindow(window_s=5.0)
+    scaler = Autoscaler(
+        Placement(RecordingPool()),
+        lambda: variants,
+        lambda: {"a": "t"},
+        demand,
+        config=CONFIG,
+        clock=timer.now_s,
+        resources=lambda: resources(8),
+        slowdown=lambda v: slowdowns.get(v, 1.0),
+    )
+    for i in range(5):
+        demand.listener(record(name, 32, timer.now_s() - i, batch_rows=32))
+    [state] = scaler.snapshot(timer.now_s()).variants
+    assert state.capacity_rows_per_s == pytest.approx(3200.0 / 2.5)
+    slowdowns[name] = 0.6
+    [state] = scaler.snapshot(timer.now_s()).variants
+    assert state.capacity_rows_per_s == pytest.approx(3200.0)
+
+
 def test_demand_window_counts_rows_pressure_targets_and_batches() -> None:
     window = DemandWindow(window_s=10.0)
     for i in range(20):  # 100 rows/s for 20 s, in batches of 8 rows

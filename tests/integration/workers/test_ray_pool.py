@@ -331,6 +331,14 @@ def _cut_tcp(ip: str, port: int, *, listener: bool = False) -> None:
     assert done.returncode == 0 and f":{port}" in done.stdout, (done.stdout, done.stderr)
 
 
+async def _streaming(pool: RayPool, variant: Variant, rows: np.ndarray) -> tuple[str, tuple[str, int]]:
+    """Run one batch of `variant`: (the worker that holds it, the address of its batch stream)."""
+    await pool.run(variant, rows[:1])
+    [worker] = pool.placement()[variant.name]
+    address, _ = await pool.worker_handle(worker).stream_address.remote()
+    return worker, (str(address[0]), int(address[1]))
+
+
 needs_ss_kill = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ss") is None, reason="ss -K (cutting a TCP connection) needs root"
 )
@@ -353,10 +361,8 @@ async def test_a_stream_cut_while_its_worker_lives_loses_no_batch_and_is_reopene
         max_workers_per_family=2,
     )
     try:
-        await pool.run(a, rows[:1])
-        [worker] = pool.placement()[a.name]
+        worker, (ip, port) = await _streaming(pool, a, rows)
         pid = pool.worker_pid(worker)
-        (ip, port), _ = await pool.worker_handle(worker).stream_address.remote()
         big = np.tile(rows[:100], (100, 1))  # 10 000 rows: a few ms each, so some are in flight
         want = expected(root, a, big)
         tasks = [asyncio.ensure_future(pool.run(a, big)) for _ in range(200)]
@@ -410,9 +416,7 @@ async def test_a_worker_whose_stream_cannot_be_reopened_falls_back_to_classic_ca
         max_workers_per_family=1,
     )
     try:
-        await pool.run(a, rows[:1])
-        [worker] = pool.placement()[a.name]
-        (ip, port), _ = await pool.worker_handle(worker).stream_address.remote()
+        worker, (ip, port) = await _streaming(pool, a, rows)
         _cut_tcp(ip, port, listener=True)  # idle: no batch is lost, nothing to retry
         deadline = asyncio.get_running_loop().time() + 30
         while not any(e.kind == "recover" for e in pool.events(limit=1000)):
