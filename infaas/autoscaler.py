@@ -202,8 +202,9 @@ class Autoscaler:
 
     `catalog` returns the variants the service knows with their usable profiles and `tasks` the
     task of each architecture (the router's snapshot); `queue_age_ms` the batcher's oldest waiting
-    request per variant and `slowdown` how much slower than profiled its batches run now; `resources` (total, available) vCPUs and GPUs of the cluster, of which
-    `reserved_cpus` are the front end's own. With `act` false it only accounts the fleet's cost
+    request per variant and `slowdown` how much slower than profiled its batches run now;
+    `resources` (total, available) vCPUs and GPUs of the cluster, of which `reserved_cpus` are the
+    front end's own. With `act` false it only accounts the fleet's cost
     (a static deployment, a baseline the benchmarks compare with; `config.actions` restricted to
     replicate and remove is the other). On a shared fleet `leader` says whether this front end
     holds the autoscaler lease: the others observe and account, and do not act."""
