@@ -197,7 +197,7 @@ def follow_slowdown(current: float, ratio: float) -> float:
     0.1, used before) sat under half of the batches while the cores were contended: on the load
     step, admitted queries predicted at 230-249 ms against a 250 ms target were answered in
     330-520 ms in clusters of a few hundred milliseconds, when every variant on the 2 shared cores
-    ran at once and compute took ~1.7x its average slowdown."""
+    ran at once."""
     ratio = min(max(ratio, 0.5), 20.0)
     weight = SLOWDOWN_RISE if ratio > current else SLOWDOWN_FALL
     return current + weight * (ratio - current)

@@ -161,42 +161,35 @@ class _Connection(asyncio.Protocol):
             self._outcomes.append(Outcome(self.sent.popleft(), "cut"))
 
 
-class BareOpenLoopLoad:
+class BareOpenLoopLoad(OpenLoopLoad):
     """`OpenLoopLoad`'s schedule and outcomes from a bare asyncio HTTP/1.1 client over
     `connections` keep-alive connections: a request goes on an idle connection, else is
     pipelined on the least busy one. It costs ~0.3 core at 4 000 requests/s where aiohttp costs
     ~0.75 (measured against a bare Starlette app here), so on 2 cores shared with the service it
     can offer a real overload. For a server that stays up: a connection that fails to open or
-    drops is reported (`refused`, `cut`), not replaced."""
+    drops is reported (`refused`, `cut`), not replaced; replies still out `timeout_s` after
+    `stop()` are `timeout`."""
 
     def __init__(
-        self, url: str, key: str, body: dict[str, Any], rate_per_s: float, connections: int = 256
+        self,
+        url: str,
+        key: str,
+        body: dict[str, Any],
+        rate_per_s: float,
+        timeout_s: float = 60.0,
+        connections: int = 256,
     ) -> None:
+        super().__init__(url, key, body, rate_per_s, timeout_s)
         parsed = urllib.parse.urlsplit(url)
         self._host, self._port = parsed.hostname or "127.0.0.1", parsed.port or 80
-        payload = json.dumps(body).encode()
         self._request = (
             f"POST {parsed.path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
             f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n"
-        ).encode() + payload
-        self._interval_s = 1.0 / rate_per_s
+            f"Content-Length: {len(self._payload)}\r\n\r\n"
+        ).encode() + self._payload
         self._connections = connections
-        self._stopping = threading.Event()
-        self.result = LoadResult()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
-    def start(self) -> BareOpenLoopLoad:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 60.0) -> LoadResult:
-        """Stop sending; wait up to `timeout_s` for the replies still out (then: `timeout`)."""
-        self._stopping.set()
-        self._thread.join(timeout=timeout_s + 30)
-        return self.result
-
-    async def _run(self, timeout_s: float = 60.0) -> None:
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         outcomes = self.result.outcomes
         conns: list[_Connection] = []
@@ -229,7 +222,7 @@ class BareOpenLoopLoad:
                     conn.transport.write(self._request)
                 next_s += self._interval_s
             await asyncio.sleep(max(0.0, next_s - time.monotonic()))
-        give_up_s = time.monotonic() + timeout_s
+        give_up_s = time.monotonic() + self._timeout_s
         while any(c.sent for c in conns) and time.monotonic() < give_up_s:
             await asyncio.sleep(0.01)
         for conn in conns:

@@ -319,16 +319,10 @@ def _cut_tcp(ip: str, port: int, *, listener: bool = False) -> None:
     """Destroy every TCP connection to `ip:port` (and with `listener`, the listening socket too)
     from outside both processes, as a network fault would (`ss -K`: needs root and a kernel with
     socket destroy)."""
-    if listener:
-        closed = subprocess.run(
-            ["ss", "-K", "state", "listening", "src", ip, "sport", "=", f":{port}"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert closed.returncode == 0 and f":{port}" in closed.stdout, (closed.stdout, closed.stderr)
-    done = subprocess.run(
-        ["ss", "-K", "dst", ip, "dport", "=", f":{port}"], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0 and f":{port}" in done.stdout, (done.stdout, done.stderr)
+    targets = [["state", "listening", "src", ip, "sport", "=", f":{port}"]] if listener else []
+    for target in [*targets, ["dst", ip, "dport", "=", f":{port}"]]:
+        done = subprocess.run(["ss", "-K", *target], capture_output=True, text=True, check=False)
+        assert done.returncode == 0 and f":{port}" in done.stdout, (target, done.stdout, done.stderr)
 
 
 async def _streaming(pool: RayPool, variant: Variant, rows: np.ndarray) -> tuple[str, tuple[str, int]]:
