@@ -9,9 +9,13 @@ scikit-learn variant whose profiled single-row p99 is below `inline_max_ms` and 
 `inline_max_memory_mb` is *local*: a Ray actor call costs ~0.8–1 ms of latency and ~0.3 ms of CPU
 here, while a 64-feature MLP answers in ~10 µs. Its batches are capped at the largest measured size
 whose p99 stays below `inline_max_ms`, so a batch never blocks the event loop for longer than
-that. Everything else is *remote* (the Ray pool). A variant placed locally whose load fails in
-the front end (its artifact unreadable there, say) is moved to the remote pool once, with a fleet
-event saying why: never a silent fallback per batch.
+that, and that cap must reach `MIN_LOCAL_BATCH` rows: a variant only a row or two of which fit
+under it (a row ≥ 31 µs of the loop's time) would run unbatched in the loop the HTTP handling
+needs. Measured (docs/benchmarks.md, "A load generator that leaves the cores to the service"): a
+3×2048 int8 MLP at 0.13 ms a row, placed locally at 1-row batches, served 1 379–1 745 req/s at
+c=64 against 2 888–3 604 through a worker. Everything else is *remote* (the Ray pool). A variant
+placed locally whose load fails in the front end (its artifact unreadable there, say) is moved to
+the remote pool once, with a fleet event saying why: never a silent fallback per batch.
 
 A local variant has exactly one replica (the front end); the autoscaler adds capacity to it by
 upgrading its traffic to a remote variant, not by replicating it.
@@ -30,10 +34,11 @@ from infaas.types import FleetEvent, Profile, Variant, WorkerInfo
 from infaas.workers.base import WorkerPool
 from infaas.workers.residency import EventLog
 
-__all__ = ["Path", "Placement", "Where", "decide_where"]
+__all__ = ["MIN_LOCAL_BATCH", "Path", "Placement", "Where", "decide_where"]
 
 Path = Literal["local", "remote"]
 _INLINE_RUNTIMES = frozenset({"onnxruntime", "sklearn"})
+MIN_LOCAL_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,10 @@ def decide_where(
     ):
         return _REMOTE
     fits = [p.batch for p in profile.points if p.p99_ms <= inline_max_ms]
-    return Where("local", max_rows=min(variant.spec.max_batch, max(fits, default=1)))
+    max_rows = min(variant.spec.max_batch, max(fits, default=1))
+    if max_rows < min(MIN_LOCAL_BATCH, variant.spec.max_batch):
+        return _REMOTE
+    return Where("local", max_rows=max_rows)
 
 
 class Placement:

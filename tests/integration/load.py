@@ -120,6 +120,24 @@ def closed_loop(url: str, key: str, body: dict[str, Any], concurrency: int, tota
     return asyncio.run(_closed_loop(url, key, body, concurrency, total))
 
 
+def take_replies(buf: bytearray) -> list[tuple[int, bytes, bool]]:
+    """The complete HTTP/1.1 replies at the start of `buf`, removed from it: (status, body,
+    whether the server closes the connection after it). A reply still arriving stays in `buf`."""
+    replies = []
+    while (end := buf.find(b"\r\n\r\n")) >= 0:
+        head = bytes(buf[:end]).lower()
+        at = head.find(b"\r\ncontent-length:")
+        stop = head.find(b"\r\n", at + 2)
+        length = int(head[at + 17 : stop if stop >= 0 else None]) if at >= 0 else 0
+        if len(buf) < end + 4 + length:
+            break
+        replies.append(
+            (int(head[9:12]), bytes(buf[end + 4 : end + 4 + length]), b"\r\nconnection: close" in head)
+        )
+        del buf[: end + 4 + length]
+    return replies
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection: requests written as they come (pipelined when one is
     still out), replies read in order, each one's outcome recorded with its send time."""
@@ -138,19 +156,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
-        while (end := self._buf.find(b"\r\n\r\n")) >= 0:
-            head = bytes(self._buf[:end]).lower()
-            at = head.find(b"\r\ncontent-length:")
-            stop = head.find(b"\r\n", at + 2)
-            length = int(head[at + 17 : stop if stop >= 0 else None]) if at >= 0 else 0
-            if len(self._buf) < end + 4 + length:
-                return
-            body = bytes(self._buf[end + 4 : end + 4 + length])
-            del self._buf[: end + 4 + length]
-            self._outcomes.append(
-                Outcome(self.sent.popleft(), int(head[9:12]), json.loads(body) if body else None)
-            )
-            if b"\r\nconnection: close" in head:
+        for status, body, closes in take_replies(self._buf):
+            self._outcomes.append(Outcome(self.sent.popleft(), status, json.loads(body) if body else None))
+            if closes:
                 self.open = False  # the server closes after this reply: send nothing more on it
             elif not self.sent:
                 self._idle.append(self)

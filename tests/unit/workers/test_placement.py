@@ -19,10 +19,16 @@ def test_sub_hop_variants_are_local_with_their_batches_capped_the_rest_remote() 
     placement = Placement(RecordingPool(), RecordingPool(), inline_max_ms=0.25)
     tiny, slow, fat = make_variant("tiny"), make_variant("slow"), make_variant("fat")
     curve = tiny_profile(tiny, 0.01).model_copy(
-        update={"points": (point(1, 0.05), point(4, 0.2), point(8, 0.4))}
+        update={"points": (point(1, 0.05), point(4, 0.1), point(8, 0.2), point(16, 0.4))}
     )
     assert placement.place(tiny, curve).path == "local"
-    assert placement.place(tiny, curve).max_rows == 4  # the largest measured batch under 0.25 ms
+    assert placement.place(tiny, curve).max_rows == 8  # the largest measured batch under 0.25 ms
+    # Sub-hop at one row, but only 2 rows fit under the cap: it would run unbatched in the loop.
+    heavy = make_variant("heavy")
+    unbatchable = tiny_profile(heavy, 0.01).model_copy(
+        update={"points": (point(1, 0.13), point(2, 0.24), point(4, 0.5))}
+    )
+    assert placement.place(heavy, unbatchable).path == "remote"
     assert placement.place(slow, tiny_profile(slow, 5.0)).path == "remote"
     assert placement.place(fat, tiny_profile(fat, 0.01, memory_mb=500.0)).path == "remote"
     tf = tiny.model_copy(update={"spec": tiny.spec.model_copy(update={"runtime": "tensorflow"})})
