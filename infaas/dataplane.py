@@ -307,7 +307,6 @@ class DataPlane:
                 routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0
             )
             cost_pusd = cost_share_pusd(routed.profile, result.batch_rows, rows)
-            latency_ms = (time.monotonic() - received_s) * 1000.0
         except Exception as exc:
             self.record_failure(
                 principal, req.task, exc, received_s, rows=rows, variant=variant_name, slo=slo
@@ -315,29 +314,35 @@ class DataPlane:
             raise
         decision = routed.decision
         cost_per_1k = routed.profile.cost_usd_per_1k(result.batch_rows)
-        slo_met = (
-            latency_ms <= slo.latency_ms
-            and decision.accuracy >= slo.min_accuracy
-            and (slo.max_cost_usd_per_1k is None or cost_per_1k <= slo.max_cost_usd_per_1k)
+        within_targets = decision.accuracy >= slo.min_accuracy and (
+            slo.max_cost_usd_per_1k is None or cost_per_1k <= slo.max_cost_usd_per_1k
         )
-        # The router learns the whole path's overhead, receipt to reply, the time before routing
-        # included: that is what the latency target is judged on.
-        self.router.observe(routed, latency_ms, time.monotonic())
-        meter.record_answer(
+        charged_ms = (time.monotonic() - received_s) * 1000.0
+        charged = meter.charge(
             tenant=principal.name,
             task=task.name,
             variant=variant_name,
             rows=rows,
             batch_rows=result.batch_rows,
             cost_pusd=cost_pusd,
-            latency_ms=latency_ms,
-            slo_met=slo_met,
+            latency_ms=charged_ms,
+            slo_met=within_targets and charged_ms <= slo.latency_ms,
             now_s=time.time(),
             slo=slo,
         )
         # The charge is on disk (the usage journal) before the answer leaves: a crash after this
-        # point cannot lose it.
-        await meter.durable()
+        # point cannot lose it. The wait for it is part of the latency the client sees, so the
+        # verdict, the reply and what the router learns are measured after it.
+        try:
+            await meter.durable()
+        finally:  # settled even if the client left meanwhile: the charge is counted already
+            done_s = time.monotonic()
+            latency_ms = (done_s - received_s) * 1000.0
+            slo_met = within_targets and latency_ms <= slo.latency_ms
+            meter.settle(charged, latency_ms, slo_met)
+        # The router learns the whole path's overhead, receipt to reply, the time before routing
+        # and the journal's wait included: that is what the latency target is judged on.
+        self.router.observe(routed, latency_ms, done_s)
         return Answer(
             task=task.name,
             outputs=result.outputs,

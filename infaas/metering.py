@@ -11,7 +11,9 @@ query handler awaits `Meter.durable()` before replying, and a flush carries a ma
 sequence number) that the store applies at most once. A flush that fails stays "in doubt" and is
 retried *as the same batch* before anything newer, so a timeout whose write did land is skipped by
 its mark instead of counted twice; entries an earlier process journaled but never flushed are
-replayed by the first flush.
+replayed by the first flush. An answer is counted in two steps: `charge` (queries, rows, cost:
+journaled) before that wait and `settle` (its SLO verdict and latency bucket) after it, since the
+wait is part of the latency the client sees.
 
 `Meter` is pure bookkeeping: the time of each record comes in as an argument (`now_s`, wall-clock
 seconds), so tests drive it with a fake clock. `MeterFlusher` is the I/O shell that flushes at
@@ -48,7 +50,16 @@ from infaas.types import (
     latency_bucket_counter,
 )
 
-__all__ = ["FlakySink", "Meter", "MeterFlusher", "MeterRecord", "Outcome", "UsageSink", "cost_share_pusd"]
+__all__ = [
+    "Charge",
+    "FlakySink",
+    "Meter",
+    "MeterFlusher",
+    "MeterRecord",
+    "Outcome",
+    "UsageSink",
+    "cost_share_pusd",
+]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +122,18 @@ class MeterRecord:
     min_accuracy: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """An answer charged and journaled (`Meter.charge`) whose verdict `Meter.settle` counts."""
+
+    key: _Key
+    rows: int
+    batch_rows: int
+    cost_pusd: int
+    at_s: float
+    slo: SLO | None
+
+
 def _counters(rows: int, cost_pusd: int, slo_met: bool, latency_ms: float) -> dict[str, int]:
     """The usage counters one answered query adds."""
     return {
@@ -168,7 +191,7 @@ class Meter:
         """Call `fn` with every `MeterRecord` from now on (answered and failed queries)."""
         self._listeners.append(fn)
 
-    def record_answer(
+    def charge(
         self,
         *,
         tenant: str,
@@ -181,29 +204,49 @@ class Meter:
         slo_met: bool,
         now_s: float,
         slo: SLO | None = None,
-    ) -> MeterRecord:
-        """Count one answered query (charged `cost_pusd`) in the minute of `now_s`."""
+    ) -> Charge:
+        """Count one answered query's charge (queries, rows, cost) in the minute of `now_s` and
+        journal it; its SLO verdict is counted by `settle`, once the reply's latency is known (the
+        wait for the journal included). `latency_ms` and `slo_met` are the verdict as of now: what
+        a replay counts if the process dies before its answer leaves."""
         minute = int(now_s // 60)
-        counters = _counters(rows, cost_pusd, slo_met, latency_ms)
+        key = (tenant, task, variant, minute)
         journal = self._journal
         with self._lock:
-            _add(self._pending, (tenant, task, variant, minute), counters)
+            _add(self._pending, key, {COUNTER_QUERIES: 1, COUNTER_ROWS: rows, COUNTER_COST_PUSD: cost_pusd})
             if journal is not None:
                 seq = self._pending_seq = journal.next_seq()
                 journal.append(
                     JournalEntry(seq, tenant, task, variant, minute, rows, cost_pusd, slo_met, latency_ms)
                 )
+        return Charge(key, rows, batch_rows, cost_pusd, now_s, slo)
+
+    def settle(self, charged: Charge, latency_ms: float, slo_met: bool) -> MeterRecord:
+        """Count the verdict of a `charge`d answer (in SLO or not, its latency bucket) and tell the
+        listeners. Like refusals, verdicts are not journaled (no money): a crash loses those of the
+        last flush interval's answers, never a charge."""
+        tenant, task, variant, _ = key = charged.key
+        with self._lock:
+            _add(
+                self._pending,
+                key,
+                {
+                    COUNTER_SLO_MET if slo_met else COUNTER_SLO_MISSED: 1,
+                    latency_bucket_counter(latency_ms): 1,
+                },
+            )
+        slo = charged.slo
         record = MeterRecord(
             tenant=tenant,
             task=task,
             variant=variant,
             outcome="ok" if slo_met else "slo_missed",
             latency_ms=latency_ms,
-            cost_pusd=cost_pusd,
-            rows=rows,
-            batch_rows=batch_rows,
+            cost_pusd=charged.cost_pusd,
+            rows=charged.rows,
+            batch_rows=charged.batch_rows,
             slo_met=slo_met,
-            at_s=now_s,
+            at_s=charged.at_s,
             latency_target_ms=slo.latency_ms if slo is not None else math.inf,
             min_accuracy=slo.min_accuracy if slo is not None else 0.0,
         )
@@ -255,6 +298,11 @@ class Meter:
                 fn(record)
             except Exception:  # a broken metrics hook must not fail the query it observes
                 log.exception("meter listener %r failed", fn)
+
+    def durable_floor_ms(self) -> float:
+        """The least `durable()` waits on an idle server: the journal's measured sync (0 without
+        one, or when it does not sync)."""
+        return self._journal.sync_ms if self._journal is not None else 0.0
 
     async def durable(self) -> None:
         """Wait until every charge recorded so far is in the journal on disk (no-op without one).

@@ -1,6 +1,6 @@
 """Per-query cost of the admin views' hooks on the query path, and the cost of a scrape.
 
-Baseline: `Meter.record_answer` with no listener (the bookkeeping every answered query already
+Baseline: `Meter.charge` + `Meter.settle` with no listener (the bookkeeping every answered query already
 pays). Then the same with the Prometheus listener, and with it and the routing log. The hooks run
 on the event loop once per query, so their cost adds to every request's CPU time. Also times
 `/metrics` rendering and a usage report over a day of per-minute rows. Prints µs and ratios.
@@ -43,7 +43,7 @@ def meter_with(listeners: list[Callable[..., None]]) -> Callable[[int], None]:
         meter.add_listener(fn)
 
     def record(i: int) -> None:
-        meter.record_answer(
+        charged = meter.charge(
             tenant=TENANTS[i % len(TENANTS)],
             task="digits",
             variant=VARIANTS[i % len(VARIANTS)],
@@ -54,6 +54,7 @@ def meter_with(listeners: list[Callable[..., None]]) -> Callable[[int], None]:
             slo_met=True,
             now_s=1_800_000_000.0 + i * 0.001,
         )
+        meter.settle(charged, 2.5, True)
 
     return record
 

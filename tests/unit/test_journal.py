@@ -19,7 +19,7 @@ from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES
 
 
 def charge(meter: Meter, cost_pusd: int, tenant: str = "t1") -> None:
-    meter.record_answer(
+    charged = meter.charge(
         tenant=tenant,
         task="digits",
         variant="v",
@@ -30,6 +30,7 @@ def charge(meter: Meter, cost_pusd: int, tenant: str = "t1") -> None:
         slo_met=True,
         now_s=600.0,
     )
+    meter.settle(charged, 1.0, True)
 
 
 def totals(store: MemoryStore) -> tuple[int, int]:
@@ -172,6 +173,20 @@ def test_os_mode_is_durable_once_written(tmp_path: Path) -> None:
     Meter(store, again).flush()
     assert totals(store) == (2, 7)
     again.close()
+
+
+def test_the_journal_measures_its_sync_for_the_idle_prediction(tmp_path: Path) -> None:
+    synced = UsageJournal(tmp_path / "fsync")
+    meter = Meter(MemoryStore(), synced)
+    assert meter.durable_floor_ms() == 0.0
+    answered(meter, [1, 2, 3])
+    assert meter.durable_floor_ms() > 0.0
+    synced.close()
+    unsynced = UsageJournal(tmp_path / "os", fsync=False)
+    meter = Meter(MemoryStore(), unsynced)
+    answered(meter, [1])
+    assert meter.durable_floor_ms() == 0.0 and Meter(MemoryStore()).durable_floor_ms() == 0.0
+    unsynced.close()
 
 
 def test_refusals_and_failures_land_even_in_a_flush_with_no_new_charge(tmp_path: Path) -> None:

@@ -69,7 +69,8 @@ def answer(
         "slo_met": True,
     }
     args.update(kw)
-    return meter.record_answer(tenant=tenant, variant=variant, now_s=now_s, **args)  # type: ignore[arg-type]
+    charged = meter.charge(tenant=tenant, variant=variant, now_s=now_s, **args)  # type: ignore[arg-type]
+    return meter.settle(charged, args["latency_ms"], args["slo_met"])  # type: ignore[arg-type]
 
 
 def test_aggregates_per_tenant_task_variant_minute_and_flushes_exact_totals() -> None:
@@ -102,6 +103,27 @@ def test_aggregates_per_tenant_task_variant_minute_and_flushes_exact_totals() ->
     assert sum(r.counters[COUNTER_COST_PUSD] for r in rows) == 7 + 5 + 11 + 17 + 100
     assert sum(r.counters[COUNTER_QUERIES] for r in rows) == 5
     assert all(r.key.tenant == "t1" for r in rows)
+
+
+def test_the_verdict_is_counted_when_settled_not_when_charged() -> None:
+    # The query handler charges an answer, waits for the journal, then settles the verdict with
+    # the latency the client sees: here in time when charged (4 ms), late once the wait is in.
+    meter = Meter(MemoryStore())
+    seen: list[MeterRecord] = []
+    meter.add_listener(seen.append)
+    charged = meter.charge(
+        tenant="t1", task="digits", variant="v", rows=2, batch_rows=8, cost_pusd=5,
+        latency_ms=4.0, slo_met=True, now_s=600.0,
+    )  # fmt: skip
+    [delta] = meter.pending()
+    assert delta.counters == {COUNTER_QUERIES: 1, COUNTER_ROWS: 2, COUNTER_COST_PUSD: 5}  # no verdict yet
+    assert seen == []
+    meter.flush()  # a flush between the two: the verdict lands in the next one
+    record = meter.settle(charged, latency_ms=12.0, slo_met=False)
+    assert record.outcome == "slo_missed" and record.latency_ms == 12.0 and record.cost_pusd == 5
+    assert seen == [record]
+    [delta] = meter.pending()
+    assert delta.counters == {COUNTER_SLO_MISSED: 1, "lat_le_15": 1}
 
 
 def test_a_failed_flush_keeps_the_counters_for_the_next() -> None:
