@@ -330,19 +330,20 @@ class DataPlane:
             now_s=time.time(),
             slo=slo,
         )
+        # The router learns the path's overhead up to the charge, the time before routing included.
+        # Not the journal's wait after it: learned as the path's p99 overhead, that wait (~2 ms
+        # p99 on an idle server here) made targets within a few ms of a profile look busy (429)
+        # on an idle fleet, and those refusals fed the door (the query-path grid test failed).
+        self.router.observe(routed, charged_ms, time.monotonic())
         # The charge is on disk (the usage journal) before the answer leaves: a crash after this
         # point cannot lose it. The wait for it is part of the latency the client sees, so the
-        # verdict, the reply and what the router learns are measured after it.
+        # reply's latency and its verdict are measured after it.
         try:
             await meter.durable()
         finally:  # settled even if the client left meanwhile: the charge is counted already
-            done_s = time.monotonic()
-            latency_ms = (done_s - received_s) * 1000.0
+            latency_ms = (time.monotonic() - received_s) * 1000.0
             slo_met = within_targets and latency_ms <= slo.latency_ms
             meter.settle(charged, latency_ms, slo_met)
-        # The router learns the whole path's overhead, receipt to reply, the time before routing
-        # and the journal's wait included: that is what the latency target is judged on.
-        self.router.observe(routed, latency_ms, done_s)
         return Answer(
             task=task.name,
             outputs=result.outputs,

@@ -37,7 +37,6 @@ import itertools
 import os
 import struct
 import threading
-import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -163,9 +162,6 @@ class UsageJournal:
         self._error: OSError | None = None
         self._closing = False
         self._syncer: threading.Thread | None = None
-        self.sync_ms = 0.0
-        """An exponential average of the `fdatasync` calls' duration: the least a reply waits for
-        its record on an idle server (0 with ``fsync=False``)."""
         if fsync:
             self._syncer = threading.Thread(target=self._sync_loop, name="usage-journal-fsync", daemon=True)
             self._syncer.start()
@@ -289,9 +285,7 @@ class UsageJournal:
                 fd = os.dup(self._fd)  # `_rotate` may close the original meanwhile
             try:
                 # fdatasync: the records and the file's new length, not its timestamps.
-                started_s = time.perf_counter()
                 os.fdatasync(fd)
-                self.sync_ms += 0.1 * ((time.perf_counter() - started_s) * 1000.0 - self.sync_ms)
             except OSError as exc:
                 with self._cond:
                     self._error = exc

@@ -299,11 +299,6 @@ class Meter:
             except Exception:  # a broken metrics hook must not fail the query it observes
                 log.exception("meter listener %r failed", fn)
 
-    def durable_floor_ms(self) -> float:
-        """The least `durable()` waits on an idle server: the journal's measured sync (0 without
-        one, or when it does not sync)."""
-        return self._journal.sync_ms if self._journal is not None else 0.0
-
     async def durable(self) -> None:
         """Wait until every charge recorded so far is in the journal on disk (no-op without one).
         The query handler awaits this before replying: an answer sent is an answer billed."""

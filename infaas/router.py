@@ -429,9 +429,6 @@ class Router:
         self.canary_split = CanarySplit()
         self.load_gate: Callable[[Variant], bool] | None = None
         """Admits an optional load (a load hint) when the cluster has room; None: always."""
-        self.reply_floor_ms: Callable[[], float] = lambda: 0.0
-        """What every reply waits beyond its path on an idle server (the usage journal's sync,
-        `Meter.durable_floor_ms`): part of the idle prediction that tells 422 from 429."""
 
     # ---- snapshot -----------------------------------------------------------------------
     @property
@@ -739,16 +736,14 @@ class Router:
         self.canary_split.missed(line, labels.canary)
         return None
 
-    def _idle(self, live: LiveState, also_loaded: str | None = None) -> LiveState:
-        """`live` on an idle fleet: no queues, and the path's overhead at its prior (the hop, and
-        the reply's wait for the journal's sync). The measured overhead is not used: under
-        overload it holds the waits beyond prediction that overload causes, and judged with it
-        every target would look impossible (422, or, for a pinned variant, served regardless: a
-        queue that grows until requests expire). Without the sync in the prior, targets an idle
-        server cannot meet were refused as busy (429) on an idle fleet."""
+    @staticmethod
+    def _idle(live: LiveState, also_loaded: str | None = None) -> LiveState:
+        """`live` on an idle fleet: no queues, and the path's overhead at its prior (the hop alone).
+        The measured overhead is not used: under overload it holds the waits beyond prediction
+        that overload causes, and judged with it every target would look impossible (422, or, for
+        a pinned variant, served regardless: a queue that grows until requests expire)."""
         loaded = live.loaded | {also_loaded} if also_loaded is not None else live.loaded
-        prior_ms = DEFAULT_OVERHEAD_MS + self.reply_floor_ms()
-        return LiveState(loaded=loaded, overhead_ms=min(live.overhead_ms, prior_ms))
+        return LiveState(loaded=loaded, overhead_ms=min(live.overhead_ms, DEFAULT_OVERHEAD_MS))
 
     def _probe(self, variant: str, now_s: float) -> bool:
         """Admit one refused query per `PROBE_INTERVAL_S` and path anyway: refusals add no

@@ -174,7 +174,6 @@ def create_app(
             on_event=app.state.route_log.add,
         )
         batcher.on_outcome = lambda variant, error: the_router.report(variant, error, time.monotonic())
-        the_router.reply_floor_ms = meter.durable_floor_ms
         the_router.refresh()
         the_router.start()
         the_router.warm_up()

@@ -175,20 +175,6 @@ def test_os_mode_is_durable_once_written(tmp_path: Path) -> None:
     again.close()
 
 
-def test_the_journal_measures_its_sync_for_the_idle_prediction(tmp_path: Path) -> None:
-    synced = UsageJournal(tmp_path / "fsync")
-    meter = Meter(MemoryStore(), synced)
-    assert meter.durable_floor_ms() == 0.0
-    answered(meter, [1, 2, 3])
-    assert meter.durable_floor_ms() > 0.0
-    synced.close()
-    unsynced = UsageJournal(tmp_path / "os", fsync=False)
-    meter = Meter(MemoryStore(), unsynced)
-    answered(meter, [1])
-    assert meter.durable_floor_ms() == 0.0 and Meter(MemoryStore()).durable_floor_ms() == 0.0
-    unsynced.close()
-
-
 def test_refusals_and_failures_land_even_in_a_flush_with_no_new_charge(tmp_path: Path) -> None:
     """They are counted (SLO attainment is over every query sent) but not journaled (not money):
     a flush holding only them carries no mark, so the store must not skip it as a replay."""

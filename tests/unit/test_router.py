@@ -324,36 +324,6 @@ def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429(
     asyncio.run(scenario())
 
 
-def test_the_replys_wait_for_the_journal_is_in_the_idle_prediction() -> None:
-    # A 2 ms variant on a path measured 3 ms over its profile; a 3.5 ms target. Idle with the hop's
-    # prior alone (1 ms) it looks feasible, so it was refused as busy (429); but every reply also
-    # waits ~1 ms for the journal's sync, so no idle server meets it: 422.
-    async def scenario() -> None:
-        store = store_with_one_task()
-        variant, profile = make_entry(
-            "m", "onnxruntime", 1, accuracy=0.9, base_ms=1.0, per_row_ms=1.0, price_usd_per_s=1e-5
-        )
-        store.register_architecture(make_arch("m", "t"), [variant], [])
-        store.put_profile(profile)
-        pool = RecordingPool()
-        batcher = AsyncBatcher(pool, initial_overhead_ms=0.0)
-        router = Router(store, pool, batcher, machine=MACHINE)
-        router.refresh()
-        await batcher.warm(variant, profile)
-        router.overheads["onnxruntime"] = OverheadTracker(min_samples=1, refresh_every=1, prior_ms=0.0)
-        router.overheads["onnxruntime"].observe(3.0, now_s=5.0)
-        slo = SLO(latency_ms=profile.latency_ms(1, "p99") + 1.5)
-        with pytest.raises(Overloaded, match="busy"):
-            router.route("t", 1, slo, now_s=5.0)
-        router.reply_floor_ms = lambda: 1.0
-        with pytest.raises(NoFeasibleVariant):
-            router.route("t", 1, slo, now_s=5.0)
-        await router.close()
-        await batcher.close()
-
-    asyncio.run(scenario())
-
-
 def test_a_slowdown_measured_on_its_batches_prices_the_querys_own_run() -> None:
     """A busy machine runs a compute-bound variant's batches 3x slower than profiled: admission
     counts that for the query's own run too, not only for the batches queued ahead of it (left
