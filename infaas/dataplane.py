@@ -331,9 +331,10 @@ class DataPlane:
             slo=slo,
         )
         # The router learns the path's overhead up to the charge, the time before routing included.
-        # Not the journal's wait after it: learned as the path's p99 overhead, that wait (~2 ms
-        # p99 on an idle server here) made targets within a few ms of a profile look busy (429)
-        # on an idle fleet, and those refusals fed the door (the query-path grid test failed).
+        # Not the journal's wait after it: learned as part of the path's p99 overhead, it put an
+        # idle front end's path ~2 ms beyond its profile, targets within a few ms of a profile
+        # were refused as busy (429) on an idle fleet, and those refusals fed the door (the
+        # query-path grid test failed).
         self.router.observe(routed, charged_ms, time.monotonic())
         # The charge is on disk (the usage journal) before the answer leaves: a crash after this
         # point cannot lose it. The wait for it is part of the latency the client sees, so the

@@ -134,15 +134,14 @@ class Charge:
     slo: SLO | None
 
 
-def _counters(rows: int, cost_pusd: int, slo_met: bool, latency_ms: float) -> dict[str, int]:
-    """The usage counters one answered query adds."""
-    return {
-        COUNTER_QUERIES: 1,
-        COUNTER_ROWS: rows,
-        COUNTER_COST_PUSD: cost_pusd,
-        COUNTER_SLO_MET if slo_met else COUNTER_SLO_MISSED: 1,
-        latency_bucket_counter(latency_ms): 1,
-    }
+def _charge_counters(rows: int, cost_pusd: int) -> dict[str, int]:
+    """The usage counters one answered query's charge adds (`Meter.charge`: journaled)."""
+    return {COUNTER_QUERIES: 1, COUNTER_ROWS: rows, COUNTER_COST_PUSD: cost_pusd}
+
+
+def _verdict_counters(slo_met: bool, latency_ms: float) -> dict[str, int]:
+    """The usage counters one answered query's verdict adds (`Meter.settle`)."""
+    return {COUNTER_SLO_MET if slo_met else COUNTER_SLO_MISSED: 1, latency_bucket_counter(latency_ms): 1}
 
 
 def _add(pending: dict[_Key, dict[str, int]], key: _Key, counters: dict[str, int]) -> None:
@@ -213,7 +212,7 @@ class Meter:
         key = (tenant, task, variant, minute)
         journal = self._journal
         with self._lock:
-            _add(self._pending, key, {COUNTER_QUERIES: 1, COUNTER_ROWS: rows, COUNTER_COST_PUSD: cost_pusd})
+            _add(self._pending, key, _charge_counters(rows, cost_pusd))
             if journal is not None:
                 seq = self._pending_seq = journal.next_seq()
                 journal.append(
@@ -227,14 +226,7 @@ class Meter:
         last flush interval's answers, never a charge."""
         tenant, task, variant, _ = key = charged.key
         with self._lock:
-            _add(
-                self._pending,
-                key,
-                {
-                    COUNTER_SLO_MET if slo_met else COUNTER_SLO_MISSED: 1,
-                    latency_bucket_counter(latency_ms): 1,
-                },
-            )
+            _add(self._pending, key, _verdict_counters(slo_met, latency_ms))
         slo = charged.slo
         record = MeterRecord(
             tenant=tenant,
@@ -365,7 +357,7 @@ class Meter:
                 _add(
                     merged,
                     (e.tenant, e.task, e.variant, e.minute),
-                    _counters(e.rows, e.cost_pusd, e.slo_met, e.latency_ms),
+                    _charge_counters(e.rows, e.cost_pusd) | _verdict_counters(e.slo_met, e.latency_ms),
                 )
             deltas = [_delta(k, c) for k, c in sorted(merged.items())]
             self._write(deltas, entries[-1].seq)

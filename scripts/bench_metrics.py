@@ -1,8 +1,8 @@
 """Per-query cost of the admin views' hooks on the query path, and the cost of a scrape.
 
-Baseline: `Meter.charge` + `Meter.settle` with no listener (the bookkeeping every answered query already
-pays). Then the same with the Prometheus listener, and with it and the routing log. The hooks run
-on the event loop once per query, so their cost adds to every request's CPU time. Also times
+Baseline: `Meter.charge` + `Meter.settle` with no listener (the bookkeeping every answered query
+already pays). Then the same with the Prometheus listener, and with it and the routing log. The
+hooks run on the event loop once per query, so their cost adds to every request's CPU time. Also times
 `/metrics` rendering and a usage report over a day of per-minute rows. Prints µs and ratios.
 """
 
