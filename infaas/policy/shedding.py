@@ -22,7 +22,13 @@ queries for their own targets (a tight latency on a busy variant), and the door,
 read the targets, would then shed the tenant's other queries, which admission would take. Only
 when refusing is what costs the front end its loop is the door's coarse refusal worth it. (A
 threshold on the loop's average lag instead oscillated: the door's shedding brought the average
-under it, the share fell, and the lag came back: 71 % in SLO against 95 %.)"""
+under it, the share fell, and the lag came back: 71 % in SLO against 95 %.)
+
+And only while the front end holds at least `min_in_flight` queries: a few clients that wait for
+their answers cannot flood the loop with refusals, so a loop that is late then is late for another
+reason (a collection, a neighbour on the core), and admission's refusals are for their targets.
+Without that, one client trying near-edge targets one after another on a noisy CI host had a
+fifth of its queries refused at the door, even those no variant could serve (422 by rights)."""
 
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ class DoorShedder:
         gain: float = 0.02,
         max_share: float = 0.95,
         idle_s: float = 0.5,
+        min_in_flight: int = 16,
     ) -> None:
         if not 0.0 < keep < 1.0:
             raise ValueError("keep must be in (0, 1)")
@@ -50,6 +57,7 @@ class DoorShedder:
         self._gain = gain
         self._max_share = max_share
         self._idle_s = idle_s
+        self._min_in_flight = min_in_flight
         self._share = 0.0
         self._credit = 0.0
         self._last_s = 0.0
@@ -60,11 +68,14 @@ class DoorShedder:
     def share(self) -> float:
         return self._share
 
-    def observe(self, refused: bool, now_s: float, loop_busy: bool, retry_after_s: float = 0.0) -> None:
-        """Admission's decision on one query that passed the door, and whether the loop is busy."""
+    def observe(
+        self, refused: bool, now_s: float, *, loop_busy: bool, in_flight: int, retry_after_s: float = 0.0
+    ) -> None:
+        """Admission's decision on one query that passed the door, whether the loop is busy and
+        how many queries the front end holds (this one included)."""
         self._decay(now_s)
         self._last_s = now_s
-        raise_share = refused and loop_busy
+        raise_share = refused and loop_busy and in_flight >= self._min_in_flight
         step = self._gain * ((1.0 - self._keep) if raise_share else -self._keep)
         self._share = min(self._max_share, max(0.0, self._share + step))
         if refused:
