@@ -175,8 +175,6 @@ class DataPlane:
         self.loop_watch = LoopWatch()
         """Ticked every `loop_watch.tick_s` by the app (a `Periodic`): the door's sign that
         refusing is what keeps the front end busy."""
-        self.in_flight = 0
-        """Queries in `infer` now, any protocol's: the door's sign of a crowd (`DoorShedder`)."""
 
     # ---- names ----------------------------------------------------------------------------
     async def model(self, name: str, now_s: float, version: str | None = None) -> ModelRef:
@@ -277,13 +275,6 @@ class DataPlane:
 
     async def infer(self, principal: Principal, req: InferenceRequest) -> Answer:
         """Answer one query, or raise the error its protocol reports (metered either way)."""
-        self.in_flight += 1
-        try:
-            return await self._answer(principal, req)
-        finally:
-            self.in_flight -= 1
-
-    async def _answer(self, principal: Principal, req: InferenceRequest) -> Answer:
         received_s = req.received_s
         meter = self._meter
         variant_name, rows, slo = "", 0, req.slo
@@ -305,18 +296,16 @@ class DataPlane:
                     elapsed_ms=(routed_s - received_s) * 1000.0,
                 )
             except Overloaded as busy:
-                retry_after_s = float(busy.fields.get("retry_after_s") or 0.0)
+                idle_ms = busy.fields.get("predicted_idle_ms")  # absent for a cold variant
                 self.door(principal.name).observe(
                     True,
                     routed_s,
                     loop_busy=self.loop_watch.busy(routed_s),
-                    in_flight=self.in_flight,
-                    retry_after_s=retry_after_s,
+                    margin_ms=0.0 if idle_ms is None else slo.latency_ms - float(idle_ms),
+                    retry_after_s=float(busy.fields.get("retry_after_s") or 0.0),
                 )
                 raise
-            self.door(principal.name).observe(
-                False, routed_s, loop_busy=self.loop_watch.busy(routed_s), in_flight=self.in_flight
-            )
+            self.door(principal.name).observe(False, routed_s, loop_busy=self.loop_watch.busy(routed_s))
             variant_name = routed.variant.name
             result = await self._batcher.submit(
                 routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0

@@ -24,11 +24,13 @@ when refusing is what costs the front end its loop is the door's coarse refusal 
 threshold on the loop's average lag instead oscillated: the door's shedding brought the average
 under it, the share fell, and the lag came back: 71 % in SLO against 95 %.)
 
-And only while the front end holds at least `min_in_flight` queries: a few clients that wait for
-their answers cannot flood the loop with refusals, so a loop that is late then is late for another
-reason (a collection, a neighbour on the core), and admission's refusals are for their targets.
-Without that, one client trying near-edge targets one after another on a noisy CI host had a
-fifth of its queries refused at the door, even those no variant could serve (422 by rights)."""
+And only for a refusal with room to spare: the query's target at least `min_margin_ms` beyond
+what an idle fleet would answer it in. A target a few ms from its variant's profile is refused
+whenever the path runs a little slow (a collection, a neighbour on the core), and that says
+nothing about the load: one client trying near-edge targets in turn on a noisy CI host had a fifth
+of its queries refused at the door, even those no variant could serve (422 by rights). (Counting
+the front end's queries in flight instead kept the door open in a collapse: admitted queries are
+few in flight when the loop answers few.)"""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ class DoorShedder:
         gain: float = 0.02,
         max_share: float = 0.95,
         idle_s: float = 0.5,
-        min_in_flight: int = 16,
+        min_margin_ms: float = 10.0,
     ) -> None:
         if not 0.0 < keep < 1.0:
             raise ValueError("keep must be in (0, 1)")
@@ -57,7 +59,7 @@ class DoorShedder:
         self._gain = gain
         self._max_share = max_share
         self._idle_s = idle_s
-        self._min_in_flight = min_in_flight
+        self._min_margin_ms = min_margin_ms
         self._share = 0.0
         self._credit = 0.0
         self._last_s = 0.0
@@ -69,13 +71,19 @@ class DoorShedder:
         return self._share
 
     def observe(
-        self, refused: bool, now_s: float, *, loop_busy: bool, in_flight: int, retry_after_s: float = 0.0
+        self,
+        refused: bool,
+        now_s: float,
+        *,
+        loop_busy: bool,
+        margin_ms: float = 0.0,
+        retry_after_s: float = 0.0,
     ) -> None:
-        """Admission's decision on one query that passed the door, whether the loop is busy and
-        how many queries the front end holds (this one included)."""
+        """Admission's decision on one query that passed the door, whether the loop is busy,
+        and for a refusal, its target's margin over the idle prediction (0: unknown)."""
         self._decay(now_s)
         self._last_s = now_s
-        raise_share = refused and loop_busy and in_flight >= self._min_in_flight
+        raise_share = refused and loop_busy and margin_ms >= self._min_margin_ms
         step = self._gain * ((1.0 - self._keep) if raise_share else -self._keep)
         self._share = min(self._max_share, max(0.0, self._share + step))
         if refused:

@@ -303,7 +303,7 @@ def test_the_door_refuses_a_known_tenant_before_the_app_and_meters_it(
         assert post(client, keys[tenant], q())[0] == 200  # the key is now in the key cache
     door = client.app.state.dataplane.door("t1")
     for _ in range(200):  # admission refused everything of t1's for a while
-        door.observe(True, time.monotonic(), loop_busy=True, in_flight=64, retry_after_s=2.5)
+        door.observe(True, time.monotonic(), loop_busy=True, margin_ms=48.0, retry_after_s=2.5)
     assert door.share == pytest.approx(0.95)
     gated = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=QueryDoor(client.app)), base_url="http://test"
