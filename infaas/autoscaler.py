@@ -22,6 +22,7 @@ what tenants are charged for busy time.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -51,12 +52,16 @@ __all__ = [
     "DemandSource",
     "DemandWindow",
     "FleetCost",
+    "Resources",
     "as_demand",
     "capacity_rows_per_s",
     "merge_totals",
 ]
 
 log = logging.getLogger(__name__)
+
+Resources = tuple[tuple[float, float], tuple[float, float]]
+"""((total vCPUs, GPUs), (available vCPUs, GPUs)) of the cluster."""
 
 _PRESSURE_OUTCOMES = frozenset({"slo_missed", "overloaded", "deadline_exceeded"})
 
@@ -219,7 +224,7 @@ class Autoscaler:
         config: AutoscalingConfig | None = None,
         queue_age_ms: Callable[[str], float] = lambda _: 0.0,
         slowdown: Callable[[str], float] = lambda _: 1.0,
-        resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None,
+        resources: Callable[[], Resources] | None = None,
         clock: Callable[[], float] = time.time,
         interval_s: float = 1.0,
         reserved_cpus: float = 0.0,
@@ -246,8 +251,8 @@ class Autoscaler:
         self._failing: dict[tuple[str, str], str] = {}  # (action, variant) → its last failure
         self._loop = Periodic("autoscaler", interval_s, self.tick)
 
-    def snapshot(self, now_s: float) -> FleetSnapshot:
-        """What `decide` sees now."""
+    def snapshot(self, now_s: float, resources: Resources | None = None) -> FleetSnapshot:
+        """What `decide` sees now (`resources`: the cluster's, read by the caller; else read here)."""
         catalog = self._catalog()
         tasks = self._tasks()
         for arch in tasks:
@@ -291,7 +296,7 @@ class Autoscaler:
                     active=now_s - last_active.get(variant.architecture, -math.inf) <= self.config.warm_ttl_s,
                 )
             )
-        (total_cpus, total_gpus), (avail_cpus, avail_gpus) = self._resources()
+        (total_cpus, total_gpus), (avail_cpus, avail_gpus) = resources or self._resources()
         self._free = (
             max(0.0, min(avail_cpus, total_cpus - held_cpus) - self._reserved_cpus),
             max(0.0, min(avail_gpus, total_gpus - held_gpus)),
@@ -326,7 +331,10 @@ class Autoscaler:
         now_s = self._clock()
         actions: list[Action] = []
         if self.act:
-            snapshot = self.snapshot(now_s)  # also what the router's optional loads are gated on
+            # Ray answers from its GCS, 0.7-3 ms a call here: off the event loop, which would
+            # hold every query in flight meanwhile.
+            resources = await asyncio.to_thread(self._resources)
+            snapshot = self.snapshot(now_s, resources)  # also what the router's optional loads are gated on
             if self._leader():
                 actions, self._state = decide(snapshot, self.config, self._state, now_s)
         catalog = self._catalog()
@@ -389,7 +397,7 @@ def _holds(variant: Variant) -> tuple[float, float]:
     return float(variant.spec.threads), 0.0
 
 
-def _local_resources() -> tuple[tuple[float, float], tuple[float, float]]:
+def _local_resources() -> Resources:
     import os
 
     cpus = float(os.cpu_count() or 1)

@@ -37,7 +37,7 @@ from infaas.api.routes import (
 from infaas.api.routes import models as model_routes
 from infaas.api.routes import versions as version_routes
 from infaas.artifacts import RedisArtifacts, open_artifacts
-from infaas.autoscaler import Autoscaler, DemandWindow
+from infaas.autoscaler import Autoscaler, DemandWindow, Resources
 from infaas.batching import AsyncBatcher
 from infaas.dataplane import DataPlane
 from infaas.jobs import JobRunner
@@ -128,7 +128,7 @@ def create_app(
             )
         # The query path: worker pool (a lean local Ray unless settings.ray_address) → batcher →
         # router; the meter flushes usage in the background and once more at shutdown.
-        resources: Callable[[], tuple[tuple[float, float], tuple[float, float]]] | None = None
+        resources: Callable[[], Resources] | None = None
         sync: Callable[[], Awaitable[None]] | None = None
         machines: Callable[[], Machines] | None = None
         if app.state.registry.artifacts.shared:
