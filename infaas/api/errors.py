@@ -21,6 +21,7 @@ __all__ = [
     "error_response",
     "install_error_handlers",
     "protocol_error",
+    "retry_after_s",
     "status_for",
 ]
 
@@ -54,6 +55,12 @@ def status_for(exc: e.InfaasError) -> int:
     return 500
 
 
+def retry_after_s(exc: e.InfaasError) -> str:
+    """The ``Retry-After`` of a 429 or 503: the error's ``retry_after_s`` in whole seconds (at
+    least 1), else `RETRY_AFTER_S`."""
+    return str(max(1, math.ceil(exc.fields.get("retry_after_s", RETRY_AFTER_S))))
+
+
 def protocol_error(exc: e.InfaasError) -> JSONResponse:
     """The error as the KServe V2 and TensorFlow Serving protocols carry it: ``error`` is a
     message; infaas's ``detail`` and fields ride along; status and headers as everywhere."""
@@ -67,7 +74,7 @@ def error_response(exc: e.InfaasError, body: dict[str, Any] | None = None) -> JS
     if isinstance(exc, e.Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"
     if status in (429, 503):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.fields.get("retry_after_s", RETRY_AFTER_S))))
+        headers["Retry-After"] = retry_after_s(exc)
     return JSONResponse(exc.to_body() if body is None else body, status_code=status, headers=headers or None)
 
 

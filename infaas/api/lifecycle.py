@@ -34,7 +34,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infaas.api.routes.query import QueryDoor
+from infaas.api.door import QueryDoor, door_protocol
 from infaas.errors import Unavailable
 from infaas.settings import Settings
 
@@ -176,10 +176,13 @@ def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
     """Serve `app` until stopped; returns the process exit code (0 after a signal's clean stop).
     `reuse_port`: bind with SO_REUSEPORT, so that several front-end processes share the port and
     the kernel spreads connections over them (`infaas serve --workers N`)."""
-    gate = DrainGate(QueryDoor(app))
+    door = QueryDoor(app)
+    gate = DrainGate(door)
     app.state.readiness_checks["accepting"] = lambda: not gate.draining
     config = uvicorn.Config(
         gate,
+        # The door answers most refusals in the HTTP parser's callback (`DoorProtocol`).
+        http=door_protocol(door, lambda: gate.draining),
         host=settings.host,
         port=settings.port,
         # No access log: at "warning" it would print nothing, yet uvicorn still computes its

@@ -11,20 +11,20 @@ from __future__ import annotations
 import json
 import time
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infaas.api.auth import authenticate, known_principal
-from infaas.api.errors import _validation_detail, error_response
+from infaas.api.auth import authenticate
+from infaas.api.errors import _validation_detail
 from infaas.api.openapi import QUERY_ROUTE
 from infaas.api.schemas import QueryRequest, QueryResponse
 from infaas.dataplane import DataPlane, InferenceRequest
-from infaas.errors import InvalidInput, Overloaded
+from infaas.errors import InvalidInput
 from infaas.types import SLO
 
-__all__ = ["QueryDoor", "ReceiptStamp", "is_query", "route", "router"]
+__all__ = ["ReceiptStamp", "route", "router"]
 
 router = APIRouter(tags=["query"])
 """FastAPI's route for ``POST /v1/query``, kept for the OpenAPI docs; `route` serves it."""
@@ -42,52 +42,6 @@ class ReceiptStamp:
         if scope["type"] == "http":
             scope.setdefault("state", {})[_RECEIVED] = time.monotonic()
         await self.app(scope, receive, send)
-
-
-def is_query(method: str, path: str) -> bool:
-    """Whether a request is a query in one of the protocols the data plane serves: ``POST
-    /v1/query``, KServe V2 ``POST /v2/models/{name}[/versions/{v}]/infer``, TF Serving ``POST
-    /v1/models/{name}[/versions/{v}|/labels/{l}]:predict`` or ``:classify``."""
-    if method != "POST":
-        return False
-    if path == "/v1/query":
-        return True
-    if path.startswith("/v2/models/"):
-        return path.endswith("/infer")
-    return path.startswith("/v1/models/") and path.endswith((":predict", ":classify"))
-
-
-class QueryDoor:
-    """Pure ASGI, outside every middleware of the app: sheds a query (`is_query`: any protocol's)
-    at the door when the tenant's `DoorShedder` (`DataPlane.door`) says so, for a key the key
-    cache knows (any other request goes in: the app authenticates it). One shedder per tenant
-    whatever the protocol: admission refuses the tenant's queries from all of them, and feeds
-    the shedder from all of them (`DataPlane.infer`). A refusal inside the app went through
-    FastAPI's middleware stack and its exception handling both ways, ~0.8 ms with the body's
-    parsing and the routing on a slow core (py-spy, docs/benchmarks.md "Overload on a slow front
-    end"); here it costs the key lookup, the metering and the reply, ~0.35 ms."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and is_query(scope["method"], scope["path"]):
-            refusal = self._refusal(scope)
-            if refusal is not None:
-                await error_response(refusal)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _refusal(self, scope: Scope) -> Overloaded | None:
-        state = self.app.state
-        dataplane: DataPlane | None = getattr(state, "dataplane", None)
-        if dataplane is None or not dataplane.shedding():
-            return None
-        now_s = time.monotonic()
-        principal = known_principal(state.key_cache, dict(scope["headers"]).get(b"authorization", b""), now_s)
-        if principal is None or dataplane.door(principal.name).admit(now_s):
-            return None
-        return dataplane.door_refusal(principal, now_s)
 
 
 def _parse_request(body: bytes) -> QueryRequest:

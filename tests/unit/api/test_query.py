@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from infaas.api import create_app
 from infaas.api.auth import KeyCache, Principal
-from infaas.api.routes.query import QueryDoor
+from infaas.api.door import QueryDoor
 from infaas.settings import Settings
 from infaas.store import MemoryStore
 from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, COUNTER_REFUSED, Architecture, InputSpec, Task

@@ -1,0 +1,149 @@
+"""The door: a tenant's queries refused before the app, as cheaply as the server can refuse.
+
+Under overload most arrivals are refused (`policy.shedding.DoorShedder` learns the share from
+admission), so the cost of one refusal sets how many answers the front end's single event loop has
+left to give. One decision (`QueryDoor.refusal`), two entry points:
+
+- `DoorProtocol`, uvicorn's httptools protocol with the door in its parser callback: a refused
+  query is answered from ``on_headers_complete`` with pre-rendered bytes; uvicorn never builds an
+  ASGI scope, a request cycle or a task for it, and its body is dropped as it arrives. Measured
+  with `scripts/bench_door`: 75-78 µs of the front end's CPU per refusal against 112 µs through
+  the ASGI door (docs/benchmarks.md, "The door in the HTTP parser").
+- `QueryDoor`, the same door as pure ASGI middleware, for what the protocol cannot answer alone:
+  a request pipelined behind one still in progress (its answer must not overtake that one's),
+  and any server that does not run `DoorProtocol` (the in-process test servers).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from infaas.api.auth import known_principal
+from infaas.api.errors import error_response, retry_after_s
+from infaas.dataplane import DataPlane
+from infaas.errors import Overloaded
+
+__all__ = ["DoorProtocol", "QueryDoor", "door_protocol", "is_query"]
+
+_PASSED = "infaas.door_passed"
+"""Set in a request's ASGI ``state`` by `DoorProtocol` when it let the request in: `QueryDoor`
+then does not judge it again (twice judged, a query passed with probability (1 - share)²)."""
+
+
+def is_query(method: str, path: str) -> bool:
+    """Whether a request is a query in one of the protocols the data plane serves: ``POST
+    /v1/query``, KServe V2 ``POST /v2/models/{name}[/versions/{v}]/infer``, TF Serving ``POST
+    /v1/models/{name}[/versions/{v}|/labels/{l}]:predict`` or ``:classify``."""
+    if method != "POST":
+        return False
+    if path == "/v1/query":
+        return True
+    if path.startswith("/v2/models/"):
+        return path.endswith("/infer")
+    return path.startswith("/v1/models/") and path.endswith((":predict", ":classify"))
+
+
+class QueryDoor:
+    """Pure ASGI, outside every middleware of the app: sheds a query (`is_query`: any protocol's)
+    when the tenant's `DoorShedder` (`DataPlane.door`) says so, for a key the key cache knows (any
+    other request goes in: the app authenticates it). One shedder per tenant whatever the
+    protocol: admission refuses the tenant's queries from all of them, and feeds the shedder from
+    all of them (`DataPlane.infer`)."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _PASSED not in scope.get("state", ()):
+            authorization = dict(scope["headers"]).get(b"authorization")
+            refused = self.refusal(scope["method"], scope["path"], authorization)
+            if refused is not None:
+                await error_response(refused)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, method: str, path: str, authorization: bytes | None) -> Overloaded | None:
+        """The 429 for this request if the door sheds it now (metered as a refusal), else None."""
+        dataplane: DataPlane | None = getattr(self.app.state, "dataplane", None)
+        # `shedding` first: when no tenant's door refuses (the usual case), nothing else is read.
+        if dataplane is None or not dataplane.shedding() or not is_query(method, path):
+            return None
+        now_s = time.monotonic()
+        principal = known_principal(self.app.state.key_cache, authorization or b"", now_s)
+        if principal is None or dataplane.door(principal.name).admit(now_s):
+            return None
+        return dataplane.door_refusal(principal, now_s)
+
+
+class _Answered:
+    """What `HttpToolsProtocol` reads of a request's cycle, for a request the door answered: its
+    response is complete, so the parser drops its body as it arrives."""
+
+    response_complete = True
+    disconnected = False
+    keep_alive = True
+
+    class message_event:
+        @staticmethod
+        def set() -> None:
+            pass
+
+
+_ANSWERED: Any = _Answered()
+
+
+class DoorProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the door (`door`) in ``on_headers_complete``; see the
+    module docstring. Subclasses made by `door_protocol` set `door` and `draining`."""
+
+    door: QueryDoor
+    draining: Callable[[], bool]  # while the server drains, every request goes to the app (503)
+
+    def on_headers_complete(self) -> None:
+        # Not behind a request still in progress on this connection (pipelining): answering now
+        # would overtake its answer.
+        if (self.cycle is None or self.cycle.response_complete) and not self.draining():
+            method = self.parser.get_method().decode("ascii")
+            authorization = next((v for k, v in self.headers if k == b"authorization"), None)
+            path = httptools.parse_url(self.url).path.decode("ascii")
+            refused = self.door.refusal(method, path, authorization)
+            if refused is not None:
+                self._answer(refused)
+                return
+            self.scope["state"][_PASSED] = True
+        # A refusal answered earlier in this read armed the keep-alive timeout; a request that
+        # follows it in the same read must not be cut by it while it runs.
+        self._unset_keepalive_if_required()
+        super().on_headers_complete()
+
+    def _answer(self, refused: Overloaded) -> None:
+        body = json.dumps(refused.to_body(), ensure_ascii=False, separators=(",", ":")).encode()
+        # A client waiting for "100 Continue" has not sent the body the parser now expects; a
+        # request without keep-alive asked for the close.
+        close = self.expect_100_continue or not self.parser.should_keep_alive()
+        head = [b"HTTP/1.1 429 Too Many Requests\r\n"]  # `Overloaded`'s status (api/errors.py)
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nretry-after: %s\r\n%s\r\n"
+            % (len(body), retry_after_s(refused).encode(), b"connection: close\r\n" if close else b"")
+        )
+        self.cycle = _ANSWERED
+        self.transport.write(b"".join(head) + body)
+        if close:
+            self.transport.close()
+        else:
+            self.on_response_complete()
+
+
+def door_protocol(door: QueryDoor, draining: Callable[[], bool]) -> type[DoorProtocol]:
+    """The `DoorProtocol` class for uvicorn's ``http`` setting (uvicorn builds one per
+    connection), with `door` and `draining` (a callable) bound."""
+    return type("BoundDoorProtocol", (DoorProtocol,), {"door": door, "draining": staticmethod(draining)})

@@ -1,0 +1,163 @@
+"""The door in uvicorn's HTTP parser (`DoorProtocol`): a refused query is answered on the wire
+without reaching the app, its body is dropped, and the connection stays in step for the next
+request (keep-alive, pipelining, ``Connection: close``). Driven over a raw socket against a real
+uvicorn server, so that the bytes on the wire are what is checked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from infaas.api.door import QueryDoor, door_protocol
+from infaas.errors import Overloaded
+
+SHED = b"Bearer shed-me"
+
+
+class ShedByKey(QueryDoor):
+    """A door that refuses every query carrying the key `SHED` (the decision itself is the
+    shedder's, tested in tests/unit/policy/test_shedding.py)."""
+
+    def __init__(self, app: Starlette) -> None:
+        super().__init__(app)  # type: ignore[arg-type]
+        self.refused = 0
+        self.judged = 0
+
+    def refusal(self, method: str, path: str, authorization: bytes | None) -> Overloaded | None:
+        self.judged += 1
+        if authorization != SHED or method != "POST" or path != "/v1/query":
+            return None
+        self.refused += 1
+        return Overloaded(
+            "refusing 95% of this tenant's queries on arrival; retry", retry_after_s=2.5, at_door=True
+        )
+
+
+async def _query(request: Request) -> JSONResponse:
+    body = await request.body()
+    await asyncio.sleep(float(request.headers.get("x-delay", "0")))
+    return JSONResponse({"bytes": len(body)})
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[int, ShedByKey]]:
+    app = Starlette(routes=[Route("/v1/query", _query, methods=["POST"])])
+    door = ShedByKey(app)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(
+        door, host="127.0.0.1", port=port, log_level="warning", http=door_protocol(door, lambda: False)
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield port, door
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _request(key: bytes, body: bytes, *, extra: bytes = b"") -> bytes:
+    return (
+        b"POST /v1/query HTTP/1.1\r\nhost: t\r\nauthorization: "
+        + key
+        + b"\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n" % len(body) + extra + b"\r\n" + body
+    )
+
+
+def _responses(conn: socket.socket, n: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Read `n` HTTP responses (with content-length) from `conn`."""
+    buf, out = b"", []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            chunk = conn.recv(65536)
+            assert chunk, f"connection closed after {len(out)} responses"
+            buf += chunk
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        length = int(headers["content-length"])
+        while len(buf) < length:
+            buf += conn.recv(65536)
+        out.append((int(lines[0].split()[1]), headers, buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+def test_a_refused_query_is_answered_on_the_wire_and_the_connection_stays_in_step(
+    served: tuple[int, ShedByKey],
+) -> None:
+    port, door = served
+    body = json.dumps({"inputs": [[1.0] * 64] * 8}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(_request(SHED, body))
+        [(status, headers, raw)] = _responses(conn, 1)
+        assert status == 429
+        assert headers["retry-after"] == "3"
+        assert headers["content-type"] == "application/json"
+        answer = json.loads(raw)
+        assert answer["error"] == "overloaded" and answer["at_door"] is True
+        assert answer["detail"].startswith("refusing 95%")
+        # The refused body was dropped: the next request on the connection parses and is served.
+        conn.sendall(_request(b"Bearer ok", body))
+        [(status, _, raw)] = _responses(conn, 1)
+        assert status == 200 and json.loads(raw) == {"bytes": len(body)}
+    assert door.refused == 1
+    # Each request judged once: the app's door (ASGI) lets through what the parser's let in (a
+    # second judgement would shed a share of the admitted ones again).
+    assert door.judged == 2
+
+
+def test_a_refusal_in_the_same_read_as_other_requests(served: tuple[int, ShedByKey]) -> None:
+    """Refused, admitted, refused, in one segment: three answers, in order."""
+    port, door = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(_request(SHED, b"{}") + _request(b"Bearer ok", b"[1]") + _request(SHED, b"{}"))
+        statuses = [(status, raw) for status, _, raw in _responses(conn, 3)]
+    assert [s for s, _ in statuses] == [429, 200, 429]
+    assert json.loads(statuses[1][1]) == {"bytes": 3}
+    # The last one was pipelined behind a request in progress: the app's door (ASGI) answered
+    # it, after the request ahead of it.
+    assert door.refused == 2
+
+
+def test_a_refusal_does_not_overtake_a_request_in_progress(served: tuple[int, ShedByKey]) -> None:
+    port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(_request(b"Bearer ok", b"[1, 2]", extra=b"x-delay: 0.2\r\n") + _request(SHED, b"{}"))
+        (first, _, raw), (second, _, _) = _responses(conn, 2)
+    assert (first, json.loads(raw), second) == (200, {"bytes": 6}, 429)
+
+
+def test_a_refusal_honours_connection_close(served: tuple[int, ShedByKey]) -> None:
+    port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(_request(SHED, b"{}", extra=b"connection: close\r\n"))
+        [(status, headers, _)] = _responses(conn, 1)
+        assert (status, headers["connection"]) == (429, "close")
+        assert conn.recv(1) == b""  # closed by the server
+
+
+def test_other_requests_are_not_shed(served: tuple[int, ShedByKey]) -> None:
+    port, door = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /v1/query HTTP/1.1\r\nhost: t\r\nauthorization: " + SHED + b"\r\n\r\n")
+        [(status, _, _)] = _responses(conn, 1)
+    assert status == 405  # the app's answer: the door only sheds queries
+    assert door.refused == 0
