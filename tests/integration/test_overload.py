@@ -82,6 +82,8 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
     # 3 runs; the last one was 91.0 % in SLO by the latency before the wait). Later that day, with
     # the door counting only refusals with room (`DoorShedder.min_margin_ms`): 61-81 % over 16
     # runs alone, with the front end at 0.65 core (docs/benchmarks.md, "Where the overload's time goes").
+    # With the door in the HTTP parser (2026-12-03, evening, another AVX-512 EPYC): 52.5-62.6 % at
+    # 288-423 answered/s (3 runs; docs/benchmarks.md, "The door in the HTTP parser").
     # The p99 and the 504 count printed below are the sharper signals.
     actions = [(e["kind"], e["variant"], e["reason"]) for e in events if e["kind"] != "route"]
     p99 = float(np.percentile([b["latency_ms"] for b in answered], 99))
@@ -91,7 +93,8 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
         f"{dict(statuses)}"
     )
     # A guard against a collapse (17 % in SLO at 48 answered/s when the door stayed open), not the
-    # goal: one front end here gave 49-81 % (17 runs on 2026-12-03, the lowest in the full suite).
+    # goal: one front end here gave 49-81 % (17 runs on 2026-12-03, the lowest in the full suite),
+    # 50-68 % on another machine that evening.
     assert in_slo >= 0.35 * len(answered), (in_slo, len(answered), statuses, actions)
     refusals = [o.body for o in result.outcomes if o.status == 429]
     for b in refusals[:: max(1, len(refusals) // 4)]:
