@@ -14,7 +14,7 @@ by ``gain × keep``; and it decays at all times, with time constant `decay_s`. U
 overload it settles where admission's refusals hold it up against the decay: admission keeps the
 last word (it knows the queues and the deadlines) and refuses some of what reaches it (`keep`,
 plus what the decay lets through), the door takes the bulk. When admission stops refusing the
-door opens within about `decay_s`, however few queries it lets through meanwhile. (The share
+share falls by a factor e every `decay_s`, however few queries the door lets through meanwhile. (The share
 used to decay only once admission had seen no query for 0.5 s, and to fall by ``gain × keep``
 per admitted query otherwise: at a share of 0.95 the few admitted queries took seconds to bring
 it down. One stall of ~60 ms at half the load the service sustains got ~190 queries refused by
