@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -41,7 +42,12 @@ def serve(mode: str, port: int) -> None:
     from infaas.errors import Overloaded
 
     class RefuseAll(QueryDoor):
-        def refusal(self, method: str, path: str, authorization: bytes | None) -> Overloaded | None:
+        def shedding(self) -> bool:
+            return True
+
+        def refusal(
+            self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]
+        ) -> Overloaded | None:
             if method != "POST" or path != "/v1/query":
                 return None
             return Overloaded(

@@ -16,9 +16,10 @@ left to give. One decision (`QueryDoor.refusal`), two entry points:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httptools
@@ -62,22 +63,27 @@ class QueryDoor:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _PASSED not in scope.get("state", ()):
-            authorization = dict(scope["headers"]).get(b"authorization")
-            refused = self.refusal(scope["method"], scope["path"], authorization)
+        if scope["type"] == "http" and _PASSED not in scope.get("state", ()) and self.shedding():
+            refused = self.refusal(scope["method"], scope["path"], scope["headers"])
             if refused is not None:
                 await error_response(refused)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    def refusal(self, method: str, path: str, authorization: bytes | None) -> Overloaded | None:
+    def shedding(self) -> bool:
+        """Whether any tenant's door refuses now; when none does (the usual case), a request is let
+        in without reading its path or headers."""
+        dataplane: DataPlane | None = getattr(self.app.state, "dataplane", None)
+        return dataplane is not None and dataplane.shedding()
+
+    def refusal(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Overloaded | None:
         """The 429 for this request if the door sheds it now (metered as a refusal), else None."""
         dataplane: DataPlane | None = getattr(self.app.state, "dataplane", None)
-        # `shedding` first: when no tenant's door refuses (the usual case), nothing else is read.
-        if dataplane is None or not dataplane.shedding() or not is_query(method, path):
+        if dataplane is None or not is_query(method, path):
             return None
         now_s = time.monotonic()
-        principal = known_principal(self.app.state.key_cache, authorization or b"", now_s)
+        authorization = next((v for k, v in headers if k == b"authorization"), b"")
+        principal = known_principal(self.app.state.key_cache, authorization, now_s)
         if principal is None or dataplane.door(principal.name).admit(now_s):
             return None
         return dataplane.door_refusal(principal, now_s)
@@ -90,11 +96,7 @@ class _Answered:
     response_complete = True
     disconnected = False
     keep_alive = True
-
-    class message_event:
-        @staticmethod
-        def set() -> None:
-            pass
+    message_event = asyncio.Event()  # set when the connection is lost; nothing waits on it
 
 
 _ANSWERED: Any = _Answered()
@@ -111,13 +113,13 @@ class DoorProtocol(HttpToolsProtocol):
         # Not behind a request still in progress on this connection (pipelining): answering now
         # would overtake its answer.
         if (self.cycle is None or self.cycle.response_complete) and not self.draining():
-            method = self.parser.get_method().decode("ascii")
-            authorization = next((v for k, v in self.headers if k == b"authorization"), None)
-            path = httptools.parse_url(self.url).path.decode("ascii")
-            refused = self.door.refusal(method, path, authorization)
-            if refused is not None:
-                self._answer(refused)
-                return
+            if self.door.shedding():
+                method = self.parser.get_method().decode("ascii")
+                path = httptools.parse_url(self.url).path.decode("ascii")
+                refused = self.door.refusal(method, path, self.headers)
+                if refused is not None:
+                    self._answer(refused)
+                    return
             self.scope["state"][_PASSED] = True
         # A refusal answered earlier in this read armed the keep-alive timeout; a request that
         # follows it in the same read must not be cut by it while it runs.

@@ -10,7 +10,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 import uvicorn
@@ -34,8 +34,12 @@ class ShedByKey(QueryDoor):
         self.refused = 0
         self.judged = 0
 
-    def refusal(self, method: str, path: str, authorization: bytes | None) -> Overloaded | None:
+    def shedding(self) -> bool:
+        return True
+
+    def refusal(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Overloaded | None:
         self.judged += 1
+        authorization = dict(headers).get(b"authorization")
         if authorization != SHED or method != "POST" or path != "/v1/query":
             return None
         self.refused += 1
