@@ -15,6 +15,7 @@ import asyncio
 import functools
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -178,6 +179,7 @@ class AsyncBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count()
         self._closed = False
+        self._last_submit_s = -math.inf
         self.on_outcome: Callable[[str, Exception | None], None] | None = None
         """Told of every batch's outcome (variant, error or None): the router's quarantine."""
 
@@ -213,6 +215,7 @@ class AsyncBatcher:
             raise Unavailable("the batcher is shutting down; retry on another front end")
         if rows.ndim < 1 or rows.shape[0] < 1:
             raise InvalidInput("a query needs at least one input row")
+        self._last_submit_s = self._timer.now_s()
         queue = self._queues.get(variant.name)
         if queue is not None and queue.queued_rows + rows.shape[0] > self._max_queue_rows:
             # Bounded queues: under any overload the front end's memory stays bounded, and a
@@ -414,6 +417,10 @@ class AsyncBatcher:
     def in_flight(self) -> dict[str, int]:
         """Batches running now per variant."""
         return {name: len(q.in_flight) for name, q in self._queues.items() if q.in_flight}
+
+    def last_submit_s(self) -> float:
+        """When a request was last queued, on the timer's clock (-inf before the first)."""
+        return self._last_submit_s
 
     async def close(self) -> None:
         """Refuse new requests, answer queued ones with `Unavailable`, let running batches finish."""

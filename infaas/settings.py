@@ -113,6 +113,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Rows per chunk of an offline job: its unit of progress, charging and resuming.",
     )
+    job_share: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="While online queries flow (one was queued in the last second), the share of "
+        "wall time an offline job may keep a worker busy; alone, a job runs flat out.",
+    )
     promote_accuracy_tolerance: float = Field(
         default=0.01,
         ge=0.0,

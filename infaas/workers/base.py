@@ -104,4 +104,9 @@ class Batcher(Protocol):
         """Batches running now per variant."""
         ...
 
+    def last_submit_s(self) -> float:
+        """When an online request was last queued (monotonic clock; -inf before the first): an
+        offline job paces itself while online traffic flows."""
+        ...
+
     async def close(self) -> None: ...

@@ -59,7 +59,7 @@ def test_a_job_runs_beside_online_traffic_survives_a_kill_and_is_charged_once(
             assert http.post("/v1/query", json=online).status_code == 200
             bad = http.post("/v1/jobs", files={"rows": ("r.txt", b"1,2")}, data={"task": zoo.DIGITS})
             assert bad.status_code == 400, bad.text
-        load = OpenLoopLoad(f"{served.url}/v1/query", key, online, rate_per_s=40).start()
+        load = OpenLoopLoad(f"{served.url}/v1/query", key, online, rate_per_s=100).start()
         time.sleep(4.0)
         job_sent_s = time.monotonic()
         with served.client(key) as http:

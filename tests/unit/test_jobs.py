@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import numpy as np
 import pytest
 
 from infaas.errors import InvalidInput
-from infaas.jobs import read_rows
+from infaas.jobs import ONLINE_RECENT_S, pause_s, read_rows
 
 ROWS = np.arange(12, dtype=np.float32).reshape(3, 4)
 
@@ -40,3 +41,11 @@ def test_bad_files_are_refused_with_the_reason() -> None:
         read_rows(b"[1, 2]\n{not json", "r.jsonl")
     with pytest.raises(InvalidInput, match="cannot read"):
         read_rows(b"\x00garbage", "r.npz")
+
+
+def test_a_job_paces_itself_only_while_online_queries_flow() -> None:
+    assert pause_s(0.002, 0.5, online_idle_s=0.1) == pytest.approx(0.002)  # busy half the time
+    assert pause_s(0.002, 0.25, online_idle_s=0.1) == pytest.approx(0.006)
+    assert pause_s(0.002, 0.5, online_idle_s=ONLINE_RECENT_S) == 0.0  # alone: flat out
+    assert pause_s(0.002, 0.5, online_idle_s=math.inf) == 0.0  # no online query ever
+    assert pause_s(0.002, 1.0, online_idle_s=0.0) == 0.0
