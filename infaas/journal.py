@@ -8,11 +8,16 @@ until its record is durable before it replies.
 
 Layout and cost. The journal is a directory of append-only segment files (``seg-<first seq>.log``)
 of length-prefixed, CRC-checked records. Records appended during one event-loop iteration go to the
-file in one ``write`` from the loop thread; with ``fsync=True`` a helper thread then fsyncs the file
-(``os.fsync`` releases the GIL for its whole duration) while the next group accumulates (group
-commit), and wakes the waiting handlers with one loop callback per fsync. A first version wrote
-through SQLite from a writer thread: its per-row GIL hand-offs cost 20 % of the service's
-throughput here (docs/benchmarks.md, "Usage journal").
+file in one ``write`` from the loop thread; with ``fsync=True`` a helper *process* then
+``fdatasync``s the file while the next group accumulates (group commit: one sync in flight at a
+time), and its acknowledgement, read by the loop like any socket, wakes the waiting handlers.
+A process, not a thread: a thread needs the GIL after it wakes and again after the sync, and on a
+busy loop each of those waits for the interpreter's switch interval (5 ms). Under overload that
+chain made the journal the largest part of an admitted answer's latency (13-25 ms p50 against a
+0.2 ms ``fdatasync``; docs/benchmarks.md, "The journal's sync in a process of its own"). A sync on
+the loop itself blocks it for the sync's duration (~30 % of the closed-loop throughput, measured).
+A first version wrote through SQLite from a writer thread: its per-row GIL hand-offs cost 20 % of
+the service's throughput here (docs/benchmarks.md, "Usage journal").
 
 Exactly once. At start the meter replays the records the store has not counted: the store keeps,
 per journal (`source`, a UUID kept in the directory), the highest sequence number it has counted
@@ -31,11 +36,15 @@ otherwise interleave sequence numbers under one source.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import fcntl
 import itertools
 import os
+import select
+import socket
 import struct
+import subprocess
+import sys
 import threading
 import uuid
 import zlib
@@ -112,6 +121,104 @@ def _unpack_all(data: bytes) -> Iterator[JournalEntry]:
         offset += _HEADER.size + length
 
 
+_SEQ = struct.Struct("<q")
+
+_SYNC_CHILD = """
+import os, socket, struct, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+seq_of = struct.Struct("<q")
+fd = -1
+sock.send(seq_of.pack(0))  # ready
+while True:
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, 8, 1)
+    except OSError:
+        break
+    if not msg:
+        break  # the front end closed its end, or died
+    if fds:
+        if fd >= 0:
+            os.close(fd)
+        fd = fds[0]
+    (seq,) = seq_of.unpack(msg)
+    try:
+        os.fdatasync(fd)
+    except OSError as exc:
+        seq = -(exc.errno or 5)
+    sock.send(seq_of.pack(seq))
+"""
+"""The helper's whole program: for each request (a sequence number, with the segment's file
+descriptor when it changed), ``fdatasync`` the segment and answer the number (or ``-errno``)."""
+
+
+class _SyncProcess:
+    """``fdatasync`` of the journal's current segment in a child process, over a SEQPACKET socket
+    pair: `request` sends a sequence number (and the segment's fd when it changed, passed with
+    SCM_RIGHTS), `acks` reads the numbers made durable. The child exits when the socket closes,
+    also when the front end is killed."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _SYNC_CHILD, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self._sent_fd = -1
+        # Started once the helper answers: a sync asked of a helper still starting would wait
+        # for the interpreter's start (~30 ms here).
+        if self.wait(30.0) is None:
+            self.close()
+            raise OSError(errno.ETIMEDOUT, "the journal's fsync helper did not start within 30 s")
+
+    def request(self, seq: int, fd: int) -> None:
+        try:
+            if fd != self._sent_fd:
+                socket.send_fds(self.sock, [_SEQ.pack(seq)], [fd])
+                self._sent_fd = fd
+            else:
+                self.sock.send(_SEQ.pack(seq))
+        except OSError as exc:
+            raise OSError(exc.errno, f"the journal's fsync helper exited ({exc.strerror})") from None
+
+    def acks(self) -> int | None:
+        """The highest sequence number acknowledged since the last call (None: none yet); raises
+        `OSError` for a failed sync or a helper that exited."""
+        durable = None
+        while True:
+            try:
+                msg = self.sock.recv(8)
+            except BlockingIOError:
+                return durable
+            if not msg:
+                raise OSError(errno.EPIPE, f"the journal's fsync helper exited ({self._proc.poll()})")
+            (seq,) = _SEQ.unpack(msg)
+            if seq < 0:
+                raise OSError(-seq, os.strerror(-seq))
+            durable = seq
+
+    def wait(self, timeout_s: float) -> int | None:
+        """`acks`, after waiting up to `timeout_s` for one (off the event loop)."""
+        select.select([self.sock], [], [], timeout_s)
+        return self.acks()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
 def _segment_name(first_seq: int) -> str:
     return f"seg-{first_seq:020d}.log"
 
@@ -122,7 +229,7 @@ class UsageJournal:
     `append` never blocks on disk; `durable()` waits until everything appended so far is durable;
     `wait_durable(seq)` is its blocking form for the flush thread."""
 
-    def __init__(self, directory: Path, fsync: bool = True) -> None:
+    def __init__(self, directory: Path, fsync: bool = True, segment_bytes: int = _SEGMENT_BYTES) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory
         self._fsync = fsync
@@ -151,20 +258,32 @@ class UsageJournal:
         """Records below this were written by an earlier process (what the meter replays)."""
         self._fd = self._open_segment(self.first_seq)
         self._segment_bytes = 0
+        self._max_segment_bytes = segment_bytes
         self._buf = bytearray()
         self._buffered_seq = last
         self._write_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # touched on the loop only
         self._cond = threading.Condition()
         self._written_seq = last
         self._durable_seq = last
         self._error: OSError | None = None
-        self._closing = False
-        self._syncer: threading.Thread | None = None
-        if fsync:
-            self._syncer = threading.Thread(target=self._sync_loop, name="usage-journal-fsync", daemon=True)
-            self._syncer.start()
+        try:
+            self._syncer = _SyncProcess() if fsync else None
+        except OSError as exc:
+            os.close(self._fd)
+            self._lock_file.close()
+            raise StoreError(
+                f"the usage journal's fsync helper could not start ({exc}); INFAAS_USAGE_JOURNAL=os "
+                "journals without it",
+                path=str(directory),
+            ) from None
+        self._sync_in_flight = False  # one sync at a time: the records of its wait make the next group
+        self._reader_loop: asyncio.AbstractEventLoop | None = None  # where the syncer's acks are read
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The fsync helper's process id (None with ``fsync=False``)."""
+        return self._syncer.pid if self._syncer is not None else None
 
     # ---- files ----------------------------------------------------------------------------------
     def _segments(self) -> list[tuple[int, Path]]:
@@ -205,7 +324,6 @@ class UsageJournal:
         except RuntimeError:
             self._write()
             return
-        self._loop = loop
         self._write_scheduled = True
         loop.call_soon(self._write)
 
@@ -225,19 +343,84 @@ class UsageJournal:
         self._segment_bytes += len(data)
         with self._cond:
             self._written_seq = seq
-            if self._segment_bytes >= _SEGMENT_BYTES:
+            if self._segment_bytes >= self._max_segment_bytes:
                 self._rotate()
-            if not self._fsync:
+            if self._syncer is None:
                 self._durable_seq = seq
             self._cond.notify_all()
-        if not self._fsync:
+        if self._syncer is None:
             self._wake(seq)
+            return
+        self._request_sync()
+        if self._reader_loop is None:  # no event loop: this caller waits for its sync
+            self._drain_syncs()
+
+    def _request_sync(self) -> None:
+        """Ask the helper to sync what is written, unless a sync is in flight (its
+        acknowledgement asks for the next one). The acknowledgements are read by the running
+        event loop; without one, `_write` waits for them itself."""
+        assert self._syncer is not None
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._reader_loop:  # a loop of its own per `asyncio.run` (tests, tools)
+            if self._reader_loop is not None and not self._reader_loop.is_closed():
+                self._reader_loop.remove_reader(self._syncer.sock)
+            self._reader_loop = loop
+            if loop is not None:
+                loop.add_reader(self._syncer.sock, self._on_acks)
+        if self._sync_in_flight or self._written_seq <= self._durable_seq or self._error is not None:
+            return
+        try:
+            self._syncer.request(self._written_seq, self._fd)
+        except OSError as exc:
+            self._fail(exc)
+            return
+        self._sync_in_flight = True
+
+    def _on_acks(self) -> None:
+        """The helper acknowledged a sync (read on the loop, in its I/O phase)."""
+        assert self._syncer is not None
+        try:
+            durable = self._syncer.acks()
+        except OSError as exc:
+            self._fail(exc)
+            return
+        if durable is not None:
+            self._synced(durable)
+
+    def _synced(self, durable: int) -> None:
+        self._sync_in_flight = False
+        with self._cond:
+            self._durable_seq = max(self._durable_seq, durable)
+            self._cond.notify_all()
+        self._wake(durable)
+        self._request_sync()
+
+    def _drain_syncs(self, timeout_s: float = 10.0) -> None:
+        """Block until no sync is in flight (no loop reads the helper: close, or no loop at all)."""
+        assert self._syncer is not None
+        if self._reader_loop is not None:
+            if not self._reader_loop.is_closed():
+                self._reader_loop.remove_reader(self._syncer.sock)
+            self._reader_loop = None
+        while self._sync_in_flight and self._error is None:
+            try:
+                durable = self._syncer.wait(timeout_s)
+            except OSError as exc:
+                self._fail(exc)
+                return
+            if durable is None:
+                self._fail(OSError(errno.ETIMEDOUT, f"no fsync within {timeout_s} s"))
+                return
+            self._synced(durable)
 
     def _rotate(self) -> None:
         """Start the next segment (under `_cond`; rare: every few MB)."""
         old = self._fd
         if self._fsync:
-            os.fsync(old)  # the syncer may hold a dup of it; this makes its records durable now
+            os.fsync(old)  # the helper syncs only the current segment: this one's records, now
         self._fd = self._open_segment(self._written_seq + 1)
         self._segment_bytes = 0
         os.close(old)
@@ -266,6 +449,7 @@ class UsageJournal:
                 fut.set_result(None)
 
     def _fail(self, exc: OSError) -> None:
+        self._sync_in_flight = False
         with self._cond:
             self._error = exc
             self._cond.notify_all()
@@ -274,37 +458,7 @@ class UsageJournal:
             if not fut.done():
                 fut.set_exception(StoreError(f"usage journal write failed: {exc}", path=str(self.path)))
 
-    # ---- durability (fsync thread) --------------------------------------------------------------
-    def _sync_loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._written_seq > self._durable_seq or self._closing)
-                if self._written_seq <= self._durable_seq:
-                    return  # closing, and everything written is durable
-                target = self._written_seq
-                fd = os.dup(self._fd)  # `_rotate` may close the original meanwhile
-            try:
-                # fdatasync: the records and the file's new length, not its timestamps.
-                os.fdatasync(fd)
-            except OSError as exc:
-                with self._cond:
-                    self._error = exc
-                    self._cond.notify_all()
-                loop = self._loop
-                if loop is not None:
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(self._fail, exc)
-                return
-            finally:
-                os.close(fd)
-            with self._cond:
-                self._durable_seq = target
-                self._cond.notify_all()
-            loop = self._loop
-            if loop is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                    loop.call_soon_threadsafe(self._wake, target)
-
+    # ---- durability (flush thread) -------------------------------------------------------------
     def wait_durable(self, seq: int, timeout_s: float = 10.0) -> None:
         """Block until entries up to `seq` are durable (for the flush thread)."""
         with self._cond:
@@ -345,13 +499,11 @@ class UsageJournal:
         )
 
     def close(self) -> None:
-        """Write what is buffered, make it durable, stop the fsync thread, release the directory."""
+        """Write what is buffered, make it durable, stop the fsync helper, release the directory."""
         self._write()
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
         if self._syncer is not None:
-            self._syncer.join(timeout=30)
+            self._drain_syncs()
+            self._syncer.close()
         os.close(self._fd)
         # The lock file stays behind on purpose: unlinking it would race a process taking it.
         self._lock_file.close()

@@ -7,8 +7,11 @@ store is the in-memory fake, which runs the same contract suite as SQLite and Re
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infaas.errors import StoreError
@@ -195,3 +198,47 @@ def test_refusals_and_failures_land_even_in_a_flush_with_no_new_charge(tmp_path:
     [row] = store.usage()
     assert (row.counters["queries"], row.counters["refused"], row.counters["failed"]) == (1, 2, 1)
     journal.close()
+
+
+def test_records_stay_durable_across_segments(tmp_path: Path) -> None:
+    """The fsync helper is handed each new segment: every answer of a run that rotates segments
+    many times is replayed by the next process."""
+    store = MemoryStore()
+    path = tmp_path / "journal"
+    journal = UsageJournal(path, segment_bytes=256)  # a record is ~60 bytes: a segment each few
+    answered(Meter(store, journal), list(range(1, 41)))
+    journal.close()
+    assert len(list(path.glob("seg-*.log"))) >= 8
+    again = UsageJournal(path)
+    Meter(store, again).flush()
+    assert totals(store) == (40, sum(range(1, 41)))
+    again.close()
+
+
+def test_a_dead_fsync_helper_fails_the_waiting_answers_instead_of_hanging(tmp_path: Path) -> None:
+    journal = UsageJournal(tmp_path / "journal")
+    meter = Meter(MemoryStore(), journal)
+    pid = journal.helper_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)  # reaped here, as the journal's own Popen would see it
+
+    async def go() -> None:
+        charge(meter, 3)
+        await asyncio.wait_for(meter.durable(), timeout=10)
+
+    with pytest.raises(StoreError, match="fsync helper exited"):
+        asyncio.run(go())
+    journal.close()
+
+
+def test_closing_the_journal_ends_its_fsync_helper(tmp_path: Path) -> None:
+    journal = UsageJournal(tmp_path / "journal")
+    pid = journal.helper_pid
+    assert pid is not None and psutil.pid_exists(pid)
+    answered(Meter(MemoryStore(), journal), [1])
+    journal.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    unsynced = UsageJournal(tmp_path / "journal", fsync=False)
+    assert unsynced.helper_pid is None
+    unsynced.close()
