@@ -30,6 +30,7 @@ from infaas.errors import (
     Unavailable,
 )
 from infaas.metering import Meter, cost_share_pusd
+from infaas.policy.admission import ConcurrencyLimit
 from infaas.policy.shedding import DoorShedder, LoopWatch
 from infaas.router import Router
 from infaas.settings import Settings
@@ -151,6 +152,24 @@ def _counted(exc: Exception) -> Literal["refused", "failed"] | None:
     return "failed" if isinstance(exc, (Unavailable, DeadlineExceeded)) else None
 
 
+def _late_for_load(latency_ms: float, slo: SLO, predicted_ms: float) -> bool:
+    """Whether an answer tells the concurrency limit the front end holds too many queries: late
+    by the clock (a variant less accurate than asked says nothing of the load), though admission
+    predicted it with a fifth of its target to spare. A miss by a target at the edge of its
+    prediction is the prediction's noise, on any host: counted, one tenant's near-edge targets
+    would cut every tenant's limit."""
+    return latency_ms > slo.latency_ms and predicted_ms <= 0.8 * slo.latency_ms
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One query's place under the concurrency limit: whether it took one, and the verdict its
+    release teaches the limit (None: nothing about the load, e.g. refused by the router)."""
+
+    taken: bool = False
+    late: bool | None = None
+
+
 class DataPlane:
     """See the module docstring. Default targets are read from the store at most once per
     `targets_ttl_s` per tenant and task (in a thread: the loop never waits on the store)."""
@@ -172,6 +191,10 @@ class DataPlane:
         self._targets_ttl_s = targets_ttl_s
         self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
         self._doors: dict[str, DoorShedder] = {}
+        self.limit = ConcurrencyLimit(
+            min_limit=settings.min_queries_in_flight, initial=max(64.0, settings.min_queries_in_flight)
+        )
+        """Admitted queries in flight in this front end (`policy.admission`)."""
         self.loop_watch = LoopWatch()
         """Ticked every `loop_watch.tick_s` by the app (a `Periodic`): the door's sign that
         refusing is what keeps the front end busy."""
@@ -273,8 +296,29 @@ class DataPlane:
         self.record_failure(principal, "", exc, received_s)
         return exc
 
+    def _at_limit(self, principal: Principal, slo: SLO, now_s: float) -> Overloaded:
+        """The 429 for a query refused because the front end holds `limit` queries in flight."""
+        limit = self.limit
+        self.door(principal.name).observe(
+            True, now_s, loop_busy=self.loop_watch.busy(now_s), margin_ms=slo.latency_ms
+        )
+        return Overloaded(
+            f"this front end already answers {limit.in_flight} queries, its limit (learned from "
+            "late answers: it falls when answers come late and grows while they come in time); retry",
+            in_flight=limit.in_flight,
+            retry_after_s=round(min(1.0, slo.latency_ms / 1000.0), 3),
+        )
+
     async def infer(self, principal: Principal, req: InferenceRequest) -> Answer:
         """Answer one query, or raise the error its protocol reports (metered either way)."""
+        slot = _Slot()
+        try:
+            return await self._infer(principal, req, slot)
+        finally:  # on every path, a failed charge or a cancelled client included: a slot kept is lost
+            if slot.taken:
+                self.limit.release(slot.late, time.monotonic())
+
+    async def _infer(self, principal: Principal, req: InferenceRequest, slot: _Slot) -> Answer:
         received_s = req.received_s
         meter = self._meter
         variant_name, rows, slo = "", 0, req.slo
@@ -285,6 +329,9 @@ class DataPlane:
             if slo is None:
                 slo = await self.default_targets(principal.name, task.name, received_s)
             routed_s = time.monotonic()
+            if not self.limit.try_admit():
+                raise self._at_limit(principal, slo, routed_s)
+            slot.taken = True
             try:
                 routed = await self.router.route_async(
                     task.name,
@@ -307,6 +354,8 @@ class DataPlane:
                 raise
             self.door(principal.name).observe(False, routed_s, loop_busy=self.loop_watch.busy(routed_s))
             variant_name = routed.variant.name
+            # From here a failure (a 504, a worker lost) is an answer not in time.
+            slot.late = _late_for_load(math.inf, slo, routed.decision.predicted_latency_ms)
             result = await self._batcher.submit(
                 routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0
             )
@@ -349,6 +398,7 @@ class DataPlane:
             latency_ms = (time.monotonic() - received_s) * 1000.0
             slo_met = within_targets and latency_ms <= slo.latency_ms
             meter.settle(charged, latency_ms, slo_met)
+            slot.late = _late_for_load(latency_ms, slo, decision.predicted_latency_ms)
         return Answer(
             task=task.name,
             outputs=result.outputs,

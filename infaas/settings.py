@@ -142,6 +142,12 @@ class Settings(BaseSettings):
     max_queue_rows: int = Field(
         default=4096, ge=1, description="Rows waiting per variant; beyond, new queries get 429."
     )
+    min_queries_in_flight: int = Field(
+        default=8,
+        ge=1,
+        description="Floor of the front end's limit on admitted queries in flight (learned from late "
+        "answers, infaas/policy/admission.py): this many concurrent queries are never refused by it.",
+    )
     worker_channel: Literal["stream", "classic"] = Field(
         default="stream",
         description="How batches reach Ray workers: a socket stream from each front end to each worker "

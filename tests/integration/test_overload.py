@@ -83,7 +83,10 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
     # the door counting only refusals with room (`DoorShedder.min_margin_ms`): 61-81 % over 16
     # runs alone, with the front end at 0.65 core (docs/benchmarks.md, "Where the overload's time goes").
     # With the door in the HTTP parser (2026-12-03, evening, another AVX-512 EPYC): 52.5-62.6 % at
-    # 288-423 answered/s (3 runs; docs/benchmarks.md, "The door in the HTTP parser").
+    # 288-423 answered/s (3 runs; docs/benchmarks.md, "The door in the HTTP parser"). With the
+    # journal's sync in a helper process and the limit on queries in flight (2026-12-04, an AMD
+    # EPYC): 94.3 and 95.1 % at 765 and 787 answered/s, against 56.5-63.2 % at 145-192 answered/s
+    # for the code before (docs/benchmarks.md, "The journal's sync in a process").
     # The p99 and the 504 count printed below are the sharper signals.
     actions = [(e["kind"], e["variant"], e["reason"]) for e in events if e["kind"] != "route"]
     p99 = float(np.percentile([b["latency_ms"] for b in answered], 99))

@@ -1,0 +1,68 @@
+"""How many admitted queries one front end keeps in flight: a limit learned from late answers
+(pure: outcomes and the clock come in as arguments).
+
+Admission (the router) predicts each query's latency from profiles, queues and the path's
+measured overhead, and refuses what it predicts late. Under overload those predictions fail
+together: every step of an admitted query waits for an event-loop iteration, and an iteration
+grows with the queries in flight (a batch of 16 answers comes back at once, and their handlers,
+replies and journal records run back to back). Measured in the overload test (2026-12-04, one
+front end at 2× what it sustains): the late answers had been predicted at 34 ms p50 for a 50 ms
+target and answered in 71 ms — queue 20 ms, batch round trip 14 ms, back to the handler 9 ms,
+journal 27 ms — while the answers in time had 1.3 ms of queue.
+
+So admission also holds the number of queries in flight under a limit that follows the answers'
+verdicts, as TCP's window follows losses (additive increase, multiplicative decrease): an answer
+in time raises it by 1/limit while the limit is what holds the queries back, a late answer (or
+one dropped at its deadline) cuts it by `backoff`, at most once per `cooldown_s` (the late answers
+of one slow batch are one signal). It never falls below `min_limit`: a few clients never meet it,
+whatever their targets (a client trying near-edge targets gets some late answers on any host).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConcurrencyLimit"]
+
+
+class ConcurrencyLimit:
+    """See the module docstring. `try_admit` takes a slot, `release` gives it back with the verdict."""
+
+    def __init__(
+        self,
+        *,
+        initial: float = 64.0,
+        min_limit: float = 8.0,
+        max_limit: float = 4096.0,
+        backoff: float = 0.8,
+        cooldown_s: float = 0.05,
+    ) -> None:
+        if not 1.0 <= min_limit <= initial <= max_limit:
+            raise ValueError("need 1 <= min_limit <= initial <= max_limit")
+        if not 0.0 < backoff < 1.0 or cooldown_s < 0.0:
+            raise ValueError("backoff in (0, 1), cooldown_s >= 0")
+        self._min = min_limit
+        self._max = max_limit
+        self._backoff = backoff
+        self._cooldown_s = cooldown_s
+        self.limit = initial
+        self.in_flight = 0
+        self._cut_s = float("-inf")
+
+    def try_admit(self) -> bool:
+        """Take a slot for a query, or False: the limit is reached (refuse it as busy)."""
+        if self.in_flight >= int(self.limit):
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self, late: bool | None, now_s: float) -> None:
+        """Give back a slot: `late` is the verdict (None: no answer that says anything about
+        the load, e.g. refused by the router after the slot was taken)."""
+        self.in_flight = max(0, self.in_flight - 1)
+        if late:
+            if now_s - self._cut_s >= self._cooldown_s:
+                self._cut_s = now_s
+                self.limit = max(self._min, self.limit * self._backoff)
+        elif late is not None and self.in_flight + 1 >= int(self.limit) // 2:
+            # Raised only while the limit is what holds the traffic back (half of it in use):
+            # a quiet hour must not grow it without bound.
+            self.limit = min(self._max, self.limit + 1.0 / self.limit)

@@ -1,0 +1,87 @@
+"""The concurrency limit of admitted queries (`infaas.policy.admission`): pure, driven by verdicts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infaas.policy.admission import ConcurrencyLimit
+
+
+def test_a_late_answer_cuts_the_limit_and_the_cut_bounds_what_is_admitted() -> None:
+    limit = ConcurrencyLimit(initial=20, min_limit=4, backoff=0.5, cooldown_s=0.0)
+    assert all(limit.try_admit() for _ in range(20))
+    assert not limit.try_admit()  # full
+    limit.release(True, 1.0)  # late: 20 -> 10
+    assert limit.limit == 10
+    assert not limit.try_admit()  # 19 in flight over a limit of 10
+    for _ in range(10):
+        limit.release(None, 1.0)  # refused downstream: no signal
+    assert limit.limit == 10 and limit.in_flight == 9
+    assert limit.try_admit() and not limit.try_admit()
+
+
+def test_late_answers_of_one_batch_count_once() -> None:
+    limit = ConcurrencyLimit(initial=64, backoff=0.5, cooldown_s=0.05)
+    for _ in range(16):
+        assert limit.try_admit()
+    for _ in range(16):  # one batch's answers, all late, at once
+        limit.release(True, 2.0)
+    assert limit.limit == 32
+    limit.try_admit()
+    limit.release(True, 2.06)  # a later batch
+    assert limit.limit == 16
+
+
+def test_it_never_falls_below_its_floor() -> None:
+    limit = ConcurrencyLimit(initial=16, min_limit=8, backoff=0.5, cooldown_s=0.0)
+    for i in range(10):
+        limit.try_admit()
+        limit.release(True, float(i))
+    assert limit.limit == 8
+    assert all(limit.try_admit() for _ in range(8))  # a few clients never meet it
+
+
+def test_answers_in_time_grow_it_only_while_it_holds_traffic_back() -> None:
+    limit = ConcurrencyLimit(initial=16, min_limit=4)
+    for i in range(1000):  # one client at a time: far below the limit
+        limit.try_admit()
+        limit.release(False, float(i))
+    assert limit.limit == 16
+    for _ in range(16):
+        limit.try_admit()
+    limit.release(False, 0.0)  # the limit was binding
+    assert limit.limit == pytest.approx(16 + 1 / 16)
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from([True, False, None]), st.floats(0.0, 0.2)),
+        max_size=300,
+    )
+)
+def test_property_in_flight_never_exceeds_the_limit_nor_the_limit_its_bounds(
+    steps: list[tuple[bool, bool | None, float]],
+) -> None:
+    limit = ConcurrencyLimit(initial=12, min_limit=4, max_limit=40, backoff=0.7, cooldown_s=0.05)
+    now_s = 0.0
+    for admit, late, dt_s in steps:
+        now_s += dt_s
+        before = limit.in_flight
+        if admit:
+            if limit.try_admit():
+                assert before < int(limit.limit)  # admitted only under the limit
+            else:
+                assert limit.in_flight == before >= int(limit.limit)
+        elif limit.in_flight:
+            limit.release(late, now_s)
+        assert 4 <= limit.limit <= 40
+        assert limit.in_flight >= 0
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError):
+        ConcurrencyLimit(initial=2, min_limit=8)
+    with pytest.raises(ValueError):
+        ConcurrencyLimit(backoff=1.0)
