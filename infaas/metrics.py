@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from infaas import errors
 from infaas.autoscaler import FleetCost
 from infaas.metering import MeterRecord
+from infaas.policy.admission import ConcurrencyLimit
 from infaas.store import MetadataStore
 from infaas.types import LATENCY_BUCKETS_MS, pusd_to_usd
 from infaas.workers.base import Batcher, FleetSource
@@ -224,6 +225,26 @@ class _FleetCollector(Collector):
         yield from (held, rate)
 
 
+class _AdmissionCollector(Collector):
+    """The front end's queries in flight and the limit admission learned (`policy.admission`)."""
+
+    def __init__(self, limit: Callable[[], ConcurrencyLimit | None]) -> None:
+        self._limit = limit
+
+    def collect(self) -> Iterator[Metric]:
+        limit = self._limit()
+        if limit is None:
+            return
+        yield GaugeMetricFamily(
+            "infaas_queries_in_flight", "Admitted queries not yet answered.", value=limit.in_flight
+        )
+        yield GaugeMetricFamily(
+            "infaas_queries_in_flight_limit",
+            "Queries in flight beyond which a query is refused as busy (429), learned from late answers.",
+            value=int(limit.limit),
+        )
+
+
 def _known_tasks(store: MetadataStore) -> Callable[[], list[str]]:
     return lambda: [t.name for t in store.list_tasks()]
 
@@ -247,6 +268,7 @@ class Metrics:
         max_label_values: int = 1000,
         catalog: Callable[[], tuple[Iterable[str], Iterable[str]]] | None = None,
         costs: Callable[[], FleetCost | None] = lambda: None,
+        admission: Callable[[], ConcurrencyLimit | None] = lambda: None,
     ) -> None:
         """`catalog` (task names, variant names) replaces the store as the source of known names:
         the app passes the router's snapshot, so a label miss never waits on the store."""
@@ -283,6 +305,7 @@ class Metrics:
         self._cost = _CostCollector()
         self.registry.register(self._cost)
         self.registry.register(_FleetCollector(sources, self.variants, costs))
+        self.registry.register(_AdmissionCollector(admission))
 
     def observe_query(
         self,

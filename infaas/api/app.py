@@ -330,6 +330,7 @@ def create_app(
         sources=lambda: fleet.fleet_sources(app.state),
         catalog=catalog,
         costs=lambda: autoscaler.cost if (autoscaler := getattr(app.state, "autoscaler", None)) else None,
+        admission=lambda: plane.limit if (plane := getattr(app.state, "dataplane", None)) else None,
     )
     app.state.meter = meter
     meter.add_listener(app.state.metrics.listener)

@@ -15,6 +15,7 @@ import pytest
 from infaas.settings import Settings
 from tests.integration.conftest import serve_process, tensorflow_variant
 from tests.integration.load import BareOpenLoopLoad, closed_loop
+from tests.integration.test_admin_views import metric_samples
 from tests.integration.test_faults import usage_totals
 from variants import zoo
 
@@ -58,12 +59,20 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
         statuses = result.statuses()
         with served.client(served.admin_key) as admin:
             events = admin.get("/v1/admin/fleet", params={"events": 200}).json()["events"]
-        deadline = time.monotonic() + 10.0
-        while True:  # the last refusals may land one flush after the last answers
-            totals = usage_totals(served, len(result.answered()) + warm_up)
-            if totals["refused"] >= statuses[429] or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+            deadline = time.monotonic() + 10.0
+            while True:  # the last refusals may land one flush after the last answers
+                totals = usage_totals(served, len(result.answered()) + warm_up)
+                gauges = {
+                    name: v for name, labels, v in metric_samples(admin.get("/metrics").text) if not labels
+                }
+                settled = gauges["infaas_queries_in_flight"] == 0
+                if (settled and totals["refused"] >= statuses[429]) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+    # Every admitted query gave its slot back, the 504s and the clients that left included: a slot
+    # kept would shrink the front end for good.
+    assert gauges["infaas_queries_in_flight"] == 0, gauges
+    assert gauges["infaas_queries_in_flight_limit"] >= small_zoo.min_queries_in_flight, gauges
     assert set(statuses) <= {200, 429, 504}, statuses
     assert statuses[429] > 0 and statuses[200] > 0, statuses  # it was overloaded, and it served
     answered = result.answered()

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infaas.batching import AsyncBatcher, ManualTimer
 from infaas.metering import MeterRecord
 from infaas.metrics import OTHER, LabelBounds, Metrics, bounded_label
+from infaas.policy.admission import ConcurrencyLimit
 from infaas.store import MemoryStore
 from infaas.types import (
     Architecture,
@@ -236,3 +237,14 @@ def test_label_names_can_come_from_a_catalog_instead_of_the_store() -> None:
     metrics.observe_query(tenant="admin", task="digits", variant="digits-lr/x", outcome="ok", latency_ms=1.0)
     [labels] = [labels for (name, labels), _ in samples(metrics).items() if name == "infaas_requests_total"]
     assert dict(labels) == {"tenant": "admin", "task": "digits", "variant": "digits-lr/x", "outcome": "ok"}
+
+
+def test_admission_gauges_follow_the_limit() -> None:
+    limit = ConcurrencyLimit(initial=16.0, min_limit=8.0)
+    metrics = Metrics(seeded_store(), ManualClock(), admission=lambda: limit)
+    assert limit.try_admit() and limit.try_admit()
+    limit.release(True, now_s=1.0)  # a late answer: the limit falls by its backoff
+    s = samples(metrics)
+    assert s[("infaas_queries_in_flight", ())] == 1
+    assert s[("infaas_queries_in_flight_limit", ())] == int(16.0 * 0.8)
+    assert "infaas_queries_in_flight" not in Metrics(seeded_store(), ManualClock()).render().decode()
