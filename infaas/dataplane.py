@@ -30,7 +30,7 @@ from infaas.errors import (
     Unavailable,
 )
 from infaas.metering import Meter, cost_share_pusd
-from infaas.policy.admission import ConcurrencyLimit
+from infaas.policy.admission import ConcurrencyLimit, late_for_load
 from infaas.policy.shedding import DoorShedder, LoopWatch
 from infaas.router import Router
 from infaas.settings import Settings
@@ -150,15 +150,6 @@ def _counted(exc: Exception) -> Literal["refused", "failed"] | None:
     if not isinstance(exc, InfaasError) or type(exc) is InfaasError:
         return "failed"
     return "failed" if isinstance(exc, (Unavailable, DeadlineExceeded)) else None
-
-
-def _late_for_load(latency_ms: float, slo: SLO, predicted_ms: float) -> bool:
-    """Whether an answer tells the concurrency limit the front end holds too many queries: late
-    by the clock (a variant less accurate than asked says nothing of the load), though admission
-    predicted it with a fifth of its target to spare. A miss by a target at the edge of its
-    prediction is the prediction's noise, on any host: counted, one tenant's near-edge targets
-    would cut every tenant's limit."""
-    return latency_ms > slo.latency_ms and predicted_ms <= 0.8 * slo.latency_ms
 
 
 @dataclass(slots=True)
@@ -355,7 +346,7 @@ class DataPlane:
             self.door(principal.name).observe(False, routed_s, loop_busy=self.loop_watch.busy(routed_s))
             variant_name = routed.variant.name
             # From here a failure (a 504, a worker lost) is an answer not in time.
-            slot.late = _late_for_load(math.inf, slo, routed.decision.predicted_latency_ms)
+            slot.late = late_for_load(math.inf, slo.latency_ms, routed.decision.predicted_latency_ms)
             result = await self._batcher.submit(
                 routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0
             )
@@ -398,7 +389,7 @@ class DataPlane:
             latency_ms = (time.monotonic() - received_s) * 1000.0
             slo_met = within_targets and latency_ms <= slo.latency_ms
             meter.settle(charged, latency_ms, slo_met)
-            slot.late = _late_for_load(latency_ms, slo, decision.predicted_latency_ms)
+            slot.late = late_for_load(latency_ms, slo.latency_ms, decision.predicted_latency_ms)
         return Answer(
             task=task.name,
             outputs=result.outputs,

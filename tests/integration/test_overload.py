@@ -95,7 +95,10 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
     # 288-423 answered/s (3 runs; docs/benchmarks.md, "The door in the HTTP parser"). With the
     # journal's sync in a helper process and the limit on queries in flight (2026-12-04, an AMD
     # EPYC): 94.3 and 95.1 % at 765 and 787 answered/s, against 56.5-63.2 % at 145-192 answered/s
-    # for the code before (docs/benchmarks.md, "The journal's sync in a process").
+    # for the code before (docs/benchmarks.md, "The journal's sync in a process"). That evening,
+    # with the limit grown only when full and cut also by answers well after their prediction:
+    # 99.3, 99.8 % at 1 367 and 1 170 answered/s (the test), 99.6-99.97 % (3 diag runs), 97.5 %
+    # beside another overload run (docs/benchmarks.md, "The limit's verdict and growth").
     # The p99 and the 504 count printed below are the sharper signals.
     actions = [(e["kind"], e["variant"], e["reason"]) for e in events if e["kind"] != "route"]
     p99 = float(np.percentile([b["latency_ms"] for b in answered], 99))
@@ -105,9 +108,9 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
         f"{dict(statuses)}"
     )
     # A guard against a collapse (17 % in SLO at 48 answered/s when the door stayed open), not the
-    # goal: one front end here gave 49-81 % (17 runs on 2026-12-03, the lowest in the full suite),
-    # 50-68 % on another machine that evening.
-    assert in_slo >= 0.35 * len(answered), (in_slo, len(answered), statuses, actions)
+    # goal, with room for a slower machine: 49-81 % before the limit (2026-12-03), 97.5 % with the
+    # limit beside another overload run, 99.3-99.97 % alone.
+    assert in_slo >= 0.8 * len(answered), (in_slo, len(answered), statuses, actions)
     refusals = [o.body for o in result.outcomes if o.status == 429]
     for b in refusals[:: max(1, len(refusals) // 4)]:
         print(f"  refused: {b and b['detail']}")

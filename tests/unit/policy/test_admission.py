@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infaas.policy.admission import ConcurrencyLimit
+from infaas.policy.admission import ConcurrencyLimit, late_for_load
 
 
 def test_a_late_answer_cuts_the_limit_and_the_cut_bounds_what_is_admitted() -> None:
@@ -49,10 +49,24 @@ def test_answers_in_time_grow_it_only_while_it_holds_traffic_back() -> None:
         limit.try_admit()
         limit.release(False, float(i))
     assert limit.limit == 16
+    for _ in range(8):  # half full: still not what holds the clients back
+        limit.try_admit()
+    for _ in range(8):
+        limit.release(False, 0.0)
+    assert limit.limit == 16
     for _ in range(16):
         limit.try_admit()
     limit.release(False, 0.0)  # the limit was binding
     assert limit.limit == pytest.approx(16 + 1 / 16)
+
+
+def test_an_answer_is_late_for_the_load_when_it_misses_or_comes_well_after_its_prediction() -> None:
+    assert late_for_load(60.0, 50.0, 30.0)  # missed, predicted with room to spare
+    assert not late_for_load(52.0, 50.0, 45.0)  # missed at the edge of its prediction: noise
+    assert late_for_load(45.0, 50.0, 20.0)  # in time, but 25 ms after its prediction: queues grow
+    assert not late_for_load(30.0, 50.0, 20.0)
+    assert not late_for_load(5.0, 500.0, 0.5)  # 4.5 ms late on a 500 ms target says nothing
+    assert late_for_load(float("inf"), 50.0, 49.0)  # no answer at all (a 504): always a signal
 
 
 @given(
