@@ -262,9 +262,17 @@ class DataPlane:
         )
 
     def shedding(self) -> bool:
-        """Whether any tenant's door refuses now: when none does (the usual case), the door
-        skips the header lookup and the key's digest on every query."""
-        return any(door.share > 0.0 for door in self._doors.values())
+        """Whether the door refuses now: the limit on queries in flight is full, or some tenant's
+        door sheds. When neither (the usual case), the door skips the header lookup and the key's
+        digest on every query."""
+        return self.limit.full or any(door.share > 0.0 for door in self._doors.values())
+
+    def door_admits(self, principal: Principal, now_s: float) -> bool:
+        """Whether a query of `principal`'s goes on past the door: not while the limit is full
+        (refused before its body is read, it costs the loop a fraction of a refusal after parsing:
+        under a flash crowd those refusals delayed the admitted queries past their targets), nor
+        when the tenant's door sheds it."""
+        return not self.limit.full and self.door(principal.name).admit(now_s)
 
     def door(self, tenant: str) -> DoorShedder:
         """`tenant`'s shedder at the door: one per tenant, so that one tenant's overload does not
@@ -275,29 +283,30 @@ class DataPlane:
         return door
 
     def door_refusal(self, principal: Principal, received_s: float) -> Overloaded:
-        """The 429 for a query the door sheds (`DoorShedder`) before its body is read, metered
+        """The 429 for a query the door refuses (`door_admits`) before its body is read, metered
         as a refusal of `principal`'s (task unknown: the body was not read)."""
         door = self.door(principal.name)
-        exc = Overloaded(
-            f"refusing {door.share:.0%} of this tenant's queries on arrival, as admission refuses "
-            "most of the rest as busy; retry",
-            retry_after_s=round(door.retry_after_s, 3),
-            at_door=True,
-        )
+        if self.limit.full:
+            exc = self._at_limit(retry_after_s=door.retry_after_s or 0.1, at_door=True)
+        else:
+            exc = Overloaded(
+                f"refusing {door.share:.0%} of this tenant's queries on arrival, as admission "
+                "refuses most of the rest as busy; retry",
+                retry_after_s=round(door.retry_after_s, 3),
+                at_door=True,
+            )
         self.record_failure(principal, "", exc, received_s)
         return exc
 
-    def _at_limit(self, principal: Principal, slo: SLO, now_s: float) -> Overloaded:
+    def _at_limit(self, retry_after_s: float, **fields: object) -> Overloaded:
         """The 429 for a query refused because the front end holds `limit` queries in flight."""
         limit = self.limit
-        self.door(principal.name).observe(
-            True, now_s, loop_busy=self.loop_watch.busy(now_s), margin_ms=slo.latency_ms
-        )
         return Overloaded(
             f"this front end already answers {limit.in_flight} queries, its limit (learned from "
             "late answers: it falls when answers come late and grows while they come in time); retry",
             in_flight=limit.in_flight,
-            retry_after_s=round(min(1.0, slo.latency_ms / 1000.0), 3),
+            retry_after_s=round(retry_after_s, 3),
+            **fields,
         )
 
     async def infer(self, principal: Principal, req: InferenceRequest) -> Answer:
@@ -321,7 +330,10 @@ class DataPlane:
                 slo = await self.default_targets(principal.name, task.name, received_s)
             routed_s = time.monotonic()
             if not self.limit.try_admit():
-                raise self._at_limit(principal, slo, routed_s)
+                self.door(principal.name).observe(
+                    True, routed_s, loop_busy=self.loop_watch.busy(routed_s), margin_ms=slo.latency_ms
+                )
+                raise self._at_limit(min(1.0, slo.latency_ms / 1000.0))
             slot.taken = True
             try:
                 routed = await self.router.route_async(

@@ -1,8 +1,9 @@
 """The door: a tenant's queries refused before the app, as cheaply as the server can refuse.
 
-Under overload most arrivals are refused (`policy.shedding.DoorShedder` learns the share from
-admission), so the cost of one refusal sets how many answers the front end's single event loop has
-left to give. One decision (`QueryDoor.refusal`), two entry points:
+Under overload most arrivals are refused (while the limit on queries in flight is full, and a
+share `policy.shedding.DoorShedder` learns from admission), so the cost of one refusal sets how
+many answers the front end's single event loop has left to give. One decision
+(`QueryDoor.refusal`), two entry points:
 
 - `DoorProtocol`, uvicorn's httptools protocol with the door in its parser callback: a refused
   query is answered from ``on_headers_complete`` with pre-rendered bytes; uvicorn never builds an
@@ -54,7 +55,8 @@ def is_query(method: str, path: str) -> bool:
 
 class QueryDoor:
     """Pure ASGI, outside every middleware of the app: sheds a query (`is_query`: any protocol's)
-    when the tenant's `DoorShedder` (`DataPlane.door`) says so, for a key the key cache knows (any
+    while the front end's limit on queries in flight is full or when the tenant's `DoorShedder`
+    (`DataPlane.door`) says so (`DataPlane.door_admits`), for a key the key cache knows (any
     other request goes in: the app authenticates it). One shedder per tenant whatever the
     protocol: admission refuses the tenant's queries from all of them, and feeds the shedder from
     all of them (`DataPlane.infer`)."""
@@ -84,7 +86,7 @@ class QueryDoor:
         now_s = time.monotonic()
         authorization = next((v for k, v in headers if k == b"authorization"), b"")
         principal = known_principal(self.app.state.key_cache, authorization, now_s)
-        if principal is None or dataplane.door(principal.name).admit(now_s):
+        if principal is None or dataplane.door_admits(principal, now_s):
             return None
         return dataplane.door_refusal(principal, now_s)
 

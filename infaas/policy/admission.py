@@ -68,9 +68,14 @@ class ConcurrencyLimit:
         self.in_flight = 0
         self._cut_s = float("-inf")
 
+    @property
+    def full(self) -> bool:
+        """Whether a query arriving now would be refused (the door asks, before reading it)."""
+        return self.in_flight >= int(self.limit)
+
     def try_admit(self) -> bool:
         """Take a slot for a query, or False: the limit is reached (refuse it as busy)."""
-        if self.in_flight >= int(self.limit):
+        if self.full:
             return False
         self.in_flight += 1
         return True

@@ -162,6 +162,10 @@ async def test_evicts_least_recently_used_under_a_small_budget(ray_session: Sett
             ("evict", b.name),
             ("load", a.name),
         ]
+        # Its framework and its model stay out of the collector's sight, evictions included: a
+        # full collection walks what the batches make, not the ~320 000 objects of a TF import.
+        heap = await pool.worker_handle(pool.fleet()[0].worker_id).heap.remote()
+        assert heap["frozen"] > 4 * heap["tracked"], heap
     finally:
         await pool.close()
 

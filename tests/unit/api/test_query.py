@@ -355,3 +355,33 @@ def test_the_door_refuses_a_known_tenant_before_the_app_and_meters_it(
     assert sum(r.counters.get(COUNTER_REFUSED, 0) for r in rows) == len(refused)
     answered = sum(r.status_code == 200 for r in responses)
     assert sum(r.counters.get(COUNTER_QUERIES, 0) for r in rows) == 1 + answered
+
+
+def test_while_the_limit_on_queries_in_flight_is_full_the_door_refuses_before_the_body(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, store, keys = api
+    assert post(client, keys["t1"], q())[0] == 200  # the key is now in the key cache
+    dataplane = client.app.state.dataplane
+    gated = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=QueryDoor(client.app)), base_url="http://test"
+    )
+    headers = {"Authorization": f"Bearer {keys['t1']}"}
+    held = 0
+    while dataplane.limit.try_admit():  # queries of other clients hold every slot
+        held += 1
+    assert dataplane.shedding()
+    # not even read: a body the app would refuse as malformed gets the same 429
+    refused = client._loop.run_until_complete(gated.post("/v1/query", content=b"{", headers=headers))
+    assert refused.status_code == 429, refused.text
+    body = refused.json()
+    assert body["error"] == "overloaded" and body["at_door"] and body["in_flight"] == held
+    assert float(refused.headers["retry-after"]) > 0
+    for _ in range(held):
+        dataplane.limit.release(None, time.monotonic())
+    assert not dataplane.shedding()
+    answered = client._loop.run_until_complete(gated.post("/v1/query", json=q(), headers=headers))
+    assert answered.status_code == 200, answered.text
+    client._loop.run_until_complete(gated.aclose())
+    client.app.state.meter.flush()
+    assert sum(r.counters.get(COUNTER_REFUSED, 0) for r in store.usage(tenant="t1")) == 1
