@@ -152,6 +152,11 @@ def _counted(exc: Exception) -> Literal["refused", "failed"] | None:
     return "failed" if isinstance(exc, (Unavailable, DeadlineExceeded)) else None
 
 
+_DOOR_RETRY_AFTER_S = 0.1
+"""Retry-After of a refusal at the full limit before admission refused anything as busy: a slot
+frees within a target, and targets here are tens to hundreds of ms."""
+
+
 @dataclass(slots=True)
 class _Slot:
     """One query's place under the concurrency limit: whether it took one, and the verdict its
@@ -267,13 +272,6 @@ class DataPlane:
         digest on every query."""
         return self.limit.full or any(door.share > 0.0 for door in self._doors.values())
 
-    def door_admits(self, principal: Principal, now_s: float) -> bool:
-        """Whether a query of `principal`'s goes on past the door: not while the limit is full
-        (refused before its body is read, it costs the loop a fraction of a refusal after parsing:
-        under a flash crowd those refusals delayed the admitted queries past their targets), nor
-        when the tenant's door sheds it."""
-        return not self.limit.full and self.door(principal.name).admit(now_s)
-
     def door(self, tenant: str) -> DoorShedder:
         """`tenant`'s shedder at the door: one per tenant, so that one tenant's overload does not
         get another's queries refused on arrival (the task is unknown there: the body is unread)."""
@@ -282,19 +280,24 @@ class DataPlane:
             door = self._doors[tenant] = DoorShedder()
         return door
 
-    def door_refusal(self, principal: Principal, received_s: float) -> Overloaded:
-        """The 429 for a query the door refuses (`door_admits`) before its body is read, metered
-        as a refusal of `principal`'s (task unknown: the body was not read)."""
+    def door_refusal(self, principal: Principal, received_s: float) -> Overloaded | None:
+        """The 429 for a query of `principal`'s the door refuses before its body is read, metered
+        as a refusal (task unknown: the body was not read); None: it goes on. Refused while the
+        limit on queries in flight is full (`try_admit` would refuse it, after parsing its body),
+        or when the tenant's door sheds it."""
         door = self.door(principal.name)
         if self.limit.full:
-            exc = self._at_limit(retry_after_s=door.retry_after_s or 0.1, at_door=True)
-        else:
+            # No target to scale the retry by (the body is unread): the last busy refusal's.
+            exc = self._at_limit(retry_after_s=door.retry_after_s or _DOOR_RETRY_AFTER_S, at_door=True)
+        elif not door.admit(received_s):
             exc = Overloaded(
                 f"refusing {door.share:.0%} of this tenant's queries on arrival, as admission "
                 "refuses most of the rest as busy; retry",
                 retry_after_s=round(door.retry_after_s, 3),
                 at_door=True,
             )
+        else:
+            return None
         self.record_failure(principal, "", exc, received_s)
         return exc
 

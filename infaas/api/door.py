@@ -56,7 +56,7 @@ def is_query(method: str, path: str) -> bool:
 class QueryDoor:
     """Pure ASGI, outside every middleware of the app: sheds a query (`is_query`: any protocol's)
     while the front end's limit on queries in flight is full or when the tenant's `DoorShedder`
-    (`DataPlane.door`) says so (`DataPlane.door_admits`), for a key the key cache knows (any
+    (`DataPlane.door`) says so (`DataPlane.door_refusal`), for a key the key cache knows (any
     other request goes in: the app authenticates it). One shedder per tenant whatever the
     protocol: admission refuses the tenant's queries from all of them, and feeds the shedder from
     all of them (`DataPlane.infer`)."""
@@ -86,9 +86,7 @@ class QueryDoor:
         now_s = time.monotonic()
         authorization = next((v for k, v in headers if k == b"authorization"), b"")
         principal = known_principal(self.app.state.key_cache, authorization, now_s)
-        if principal is None or dataplane.door_admits(principal, now_s):
-            return None
-        return dataplane.door_refusal(principal, now_s)
+        return None if principal is None else dataplane.door_refusal(principal, now_s)
 
 
 class _Answered:

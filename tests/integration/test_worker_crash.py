@@ -23,6 +23,7 @@ import pytest
 
 from infaas.settings import Settings
 from tests.integration.conftest import Served, serve_process, tensorflow_variant
+from tests.integration.test_admin_views import metric_samples
 from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -116,3 +117,9 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
         again = query(http, len(rows))
     assert again.status_code == 200, again.text
     np.testing.assert_allclose(np.asarray(again.json()["outputs"]), expected, atol=1e-4)
+    # Every query the kill caught gave its slot under the admission limit back (a slot kept would
+    # shrink the front end for good), and the limit stays at or above its floor.
+    with server.client(server.admin_key) as admin:
+        gauges = {n: v for n, labels, v in metric_samples(admin.get("/metrics").text) if not labels}
+    assert gauges["infaas_queries_in_flight"] == 0, gauges
+    assert gauges["infaas_queries_in_flight_limit"] >= server.settings.min_queries_in_flight, gauges
