@@ -43,6 +43,7 @@ from infaas.errors import (
     Unavailable,
     VariantNotFound,
 )
+from infaas.hostcpu import HostCpu
 from infaas.periodic import Periodic
 from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
 from infaas.policy.versions import CanarySplit
@@ -398,8 +399,12 @@ class Router:
         machines: Callable[[], Machines] | None = None,
         quarantine: Quarantine | None = None,
         on_event: Callable[[FleetEvent], None] | None = None,
+        host_cpu: HostCpu | None = None,
     ) -> None:
         self._store = store
+        # Where the replicas share this host's cores (a local Ray): its idle cores, measured
+        # (`_spill_without_cores`); None: not known, never asked.
+        self._host_cpu = host_cpu
         # Variants that keep failing are left out of the tables for a while (`infaas.quarantine`);
         # `_snapshot` is the store's snapshot (`_base`) minus them.
         self.quarantine = quarantine if quarantine is not None else Quarantine()
@@ -685,6 +690,8 @@ class Router:
         else:
             table = snap.by_task.get(task.name) or VariantTable(())
         live, queue_ms = self._live(table, now_s, rows)
+        if self._host_cpu is not None:
+            self._host_cpu.sample(now_s, busy=bool(self._batcher.in_flight()))
         result = table.select(rows, left, live)
         if isinstance(result, Infeasible):
             # Admission: busy (429) or impossible (422)? Ask again as an idle fleet would answer.
@@ -706,6 +713,12 @@ class Router:
                 if elapsed_ms < slo.latency_ms and self._probe(idle.variant, now_s):
                     return self._routed(idle, task, live, queue_ms, rows)
                 raise self._busy(task, slo, idle, queue_ms.get(idle.variant, 0.0), elapsed_ms)
+        if self._spill_without_cores(result, queue_ms):
+            # The variant the targets call for is busy and this one is only the spill: on
+            # cores already busy it adds no capacity (`_spill_without_cores`): refuse as busy.
+            idle = table.select(rows, slo, self._idle(live))
+            if isinstance(idle, Choice) and idle.variant in self._batcher.in_flight():
+                raise self._busy(task, slo, idle, queue_ms.get(idle.variant, 0.0), elapsed_ms)
         if result.variant not in live.loaded and result.predicted_latency_ms > left.latency_ms:
             # Only a cold variant meets the targets, and its load would outlast the deadline:
             # load it, and ask the client to come back rather than answer late.
@@ -715,6 +728,23 @@ class Router:
             if canary is not None:
                 result, live, queue_ms = canary
         return self._routed(result, task, live, queue_ms, rows)
+
+    def _spill_without_cores(self, chosen: Choice, queue_ms: Mapping[str, float]) -> bool:
+        """Whether `chosen` is a loaded replica with nothing to do, chosen while another variant
+        of the table is busy, on this host's cores with fewer idle than its threads. Sent work,
+        it adds no capacity and slows the busy one down under the queries it already admitted.
+        (Overload test, 2026-12-05, 10x on 2 cores: the idle fp32 variant took the spill of the
+        busy int8 one; both ran 1.2-2.5x their prediction, and every late answer and 504 of
+        three runs came from those first 250 ms.)"""
+        if self._host_cpu is None or queue_ms.get(chosen.variant, 0.0) > 0.0:
+            return False
+        busy = self._batcher.in_flight()
+        if chosen.variant in busy or not any(name in queue_ms for name in busy):
+            return False
+        if self._pool.path(chosen.variant) != "remote" or not self._pool.is_loaded(chosen.variant):
+            return False
+        threads = self._snapshot.variants[chosen.variant][0].spec.threads
+        return self._host_cpu.idle_cores() < threads
 
     def _canary(
         self, chosen: Choice, rows: int, left: SLO, now_s: float

@@ -40,6 +40,7 @@ from infaas.artifacts import RedisArtifacts, open_artifacts
 from infaas.autoscaler import Autoscaler, DemandWindow, Resources
 from infaas.batching import AsyncBatcher
 from infaas.dataplane import DataPlane
+from infaas.hostcpu import MeasuredHostCpu
 from infaas.jobs import JobRunner
 from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
@@ -172,6 +173,8 @@ def create_app(
             machines=machines,
             quarantine=Quarantine(settings.quarantine_after_failures, settings.quarantine_backoff_s),
             on_event=app.state.route_log.add,
+            # A local Ray's replicas share this host's cores; a cluster's run on other hosts.
+            host_cpu=None if settings.shared_fleet else MeasuredHostCpu(),
         )
         batcher.on_outcome = lambda variant, error: the_router.report(variant, error, time.monotonic())
         the_router.refresh()

@@ -112,9 +112,16 @@ class Served:
         the names of its variants."""
         from tests import tiny_models
 
+        return self.register_onnx(owner_key, tiny_models.mlp_onnx(), name, task)
+
+    def register_onnx(self, owner_key: str, model: bytes, name: str, task: str = "digits") -> list[str]:
+        """Register an ONNX model of 64 digit features through `POST /v1/models`, validated on
+        `tests.tiny_models.digits` and profiled; returns the names of its variants."""
+        from tests import tiny_models
+
         x, y = tiny_models.digits(200)
         files = {
-            "model": (f"{name}.onnx", tiny_models.mlp_onnx()),
+            "model": (f"{name}.onnx", model),
             "validation": ("val.npz", tiny_models.validation_bytes(x, y)),
         }
         meta = {"name": name, "task": task, "profile": True}

@@ -31,6 +31,7 @@ class Outcome:
     sent_s: float  # monotonic
     status: int | str  # HTTP status, or "refused" / "cut" / "timeout"
     body: dict[str, Any] | None = None
+    retry_after_s: float | None = None  # the Retry-After header, where the reply had one
 
 
 @dataclass
@@ -95,7 +96,10 @@ class OpenLoopLoad:
         try:
             async with session.post(self._url, data=self._payload, headers=self._headers) as resp:
                 body = await resp.json(content_type=None)
-                self.result.outcomes.append(Outcome(sent_s, resp.status, body))
+                retry = resp.headers.get("Retry-After")
+                self.result.outcomes.append(
+                    Outcome(sent_s, resp.status, body, float(retry) if retry is not None else None)
+                )
         except aiohttp.ClientConnectorError:
             self.result.outcomes.append(Outcome(sent_s, "refused"))
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError):
@@ -127,19 +131,40 @@ def closed_loop(url: str, key: str, body: dict[str, Any], concurrency: int, tota
     return asyncio.run(_closed_loop(url, key, body, concurrency, total))
 
 
-def take_replies(buf: bytearray) -> list[tuple[int, bytes, bool]]:
-    """The complete HTTP/1.1 replies at the start of `buf`, removed from it: (status, body,
-    whether the server closes the connection after it). A reply still arriving stays in `buf`."""
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    closes: bool  # the server closes the connection after it
+    retry_after_s: float | None
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header `name` (lower case) in a lower-cased response head, or None."""
+    at = head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    stop = head.find(b"\r\n", at + 2)
+    return head[at + len(name) + 3 : stop if stop >= 0 else None].strip()
+
+
+def take_replies(buf: bytearray) -> list[Reply]:
+    """The complete HTTP/1.1 replies at the start of `buf`, removed from it. A reply still
+    arriving stays in `buf`."""
     replies = []
     while (end := buf.find(b"\r\n\r\n")) >= 0:
         head = bytes(buf[:end]).lower()
-        at = head.find(b"\r\ncontent-length:")
-        stop = head.find(b"\r\n", at + 2)
-        length = int(head[at + 17 : stop if stop >= 0 else None]) if at >= 0 else 0
+        length = int(_header(head, b"content-length") or 0)
         if len(buf) < end + 4 + length:
             break
+        retry = _header(head, b"retry-after")
         replies.append(
-            (int(head[9:12]), bytes(buf[end + 4 : end + 4 + length]), b"\r\nconnection: close" in head)
+            Reply(
+                int(head[9:12]),
+                bytes(buf[end + 4 : end + 4 + length]),
+                _header(head, b"connection") == b"close",
+                float(retry) if retry is not None else None,
+            )
         )
         del buf[: end + 4 + length]
     return replies
@@ -163,9 +188,10 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
-        for status, body, closes in take_replies(self._buf):
-            self._outcomes.append(Outcome(self.sent.popleft(), status, json.loads(body) if body else None))
-            if closes:
+        for reply in take_replies(self._buf):
+            body = json.loads(reply.body) if reply.body else None
+            self._outcomes.append(Outcome(self.sent.popleft(), reply.status, body, reply.retry_after_s))
+            if reply.closes:
                 self.open = False  # the server closes after this reply: send nothing more on it
             elif not self.sent:
                 self._idle.append(self)

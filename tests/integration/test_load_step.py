@@ -15,7 +15,6 @@ the step is refused (429) whatever the policy does."""
 from __future__ import annotations
 
 import collections
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ def _events(served: Any) -> list[dict[str, Any]]:
 def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_path: Path) -> None:
     empty = Settings(data_dir=tmp_path / "empty")
     empty.data_dir.mkdir()
-    x, y = tiny_models.digits(200)
+    x, _ = tiny_models.digits(200)
     env = {
         "INFAAS_PROFILE_QUICK": "1",
         "INFAAS_RAY_NUM_CPUS": "6",
@@ -69,14 +68,8 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     }
     with serve_process(empty, tmp_path / "run", env=env) as served:
         key = served.new_tenant("acme", role="owner")
-        files = {
-            "model": ("conv.onnx", tiny_models.deep_conv_onnx(channels=128, layers=12)),
-            "validation": ("val.npz", tiny_models.validation_bytes(x, y)),
-        }
-        meta = {"name": "conv", "task": "digits", "profile": True}
+        served.register_onnx(key, tiny_models.deep_conv_onnx(channels=128, layers=12), "conv")
         with served.client(key) as http:
-            r = http.post("/v1/models", files=files, data={"metadata": json.dumps(meta)}, timeout=600)
-            assert r.status_code == 201, r.text
             low_qps, high_qps = _rates(http.get("/v1/models/conv/variants").json()["variants"])
         body = {"task": "digits", "inputs": [row.tolist() for row in x[:ROWS]], "latency_ms": TARGET_MS}
         url = f"{served.url}/v1/query"

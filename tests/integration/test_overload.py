@@ -1,7 +1,23 @@
-"""Overload through the real service (issue 10): open-loop arrivals well past what the pinned
-variant sustains. Admitted queries meet their SLO, the rest are refused at once with 429 and
-Retry-After (or, if their deadline passes in the queue, 504), nothing is a 5xx, the front end's
-memory stays bounded, and usage is exactly what the 200 answers charged."""
+"""Overload through the real service (issue 10): open-loop arrivals at 10× what the service
+sustains, for 10 s. Admitted queries meet their SLO, the rest are refused at once with 429 and
+Retry-After, nothing is a 5xx (a 504 is an admitted query that missed: admission let in what
+it could not serve), the front end's memory stays bounded, and usage is exactly what the 200
+answers charged.
+
+The model is compute-bound, registered through `POST /v1/models` right before: a 12-layer,
+128-channel convolution net (int8: ~0.5 ms a row on an AVX-512 EPYC), in queries of 8 rows, so
+what the service sustains is the worker's compute (~220-230 queries/s there), not the front end's per-query
+Python, and 10× of it is an arrival rate a load generator on the same 2 cores can offer. (Until
+2026-12-05 this test sent 8-row queries to a digits MLP that sustains ~1 200-1 900 queries/s,
+bound by the front end: 10× of that cannot be generated here, so it offered 2×;
+docs/benchmarks.md has those runs.) The query is not pinned: the router and the autoscaler
+choose among the model's variants, as for any tenant.
+
+The target, 500 ms, leaves room for a few of the largest batches (128 rows, ~65 ms on an
+AVX-512 EPYC). At 200 ms (three of them) admission fills the queue to the edge of the target,
+and 1-2.6 % of the answers came late (97.4-99.0 % in SLO over 7 runs, 2026-12-05): whole
+batches delayed 10-50 ms while the 2 shared cores also ran the front end refusing ~2 000
+queries/s and the load generator (docs/benchmarks.md, "Overload at 10x")."""
 
 from __future__ import annotations
 
@@ -13,43 +29,47 @@ import psutil
 import pytest
 
 from infaas.settings import Settings
-from tests.integration.conftest import serve_process, tensorflow_variant
+from tests import tiny_models
+from tests.integration.conftest import serve_process
 from tests.integration.load import BareOpenLoopLoad, closed_loop
 from tests.integration.test_admin_views import metric_samples
 from tests.integration.test_faults import usage_totals
-from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-OVERLOAD = 2.0
-"""Offered load ÷ what the service answered back to back just before (the load is sized on the
-machine at hand: a fixed 2 000/s was 1.6× what an AVX-512 EPYC answers and ~2.5× what an AVX2
-EPYC does, where the front end, unable even to refuse that fast, answered 5 queries/s)."""
-MAX_RATE_PER_S = 6000.0
+OVERLOAD = 10.0
+"""Offered load ÷ what the service answered back to back just before."""
+MAX_RATE_PER_S = 5000.0
 """The load generator shares the 2 cores (`BareOpenLoopLoad`: ~0.3 core at 4 000/s)."""
-SECONDS = 8.0
-LATENCY_MS = 50.0
+SECONDS = 10.0
+TARGET_MS = 500.0
+ROWS = 8
 
 
-def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
-    small_zoo: Settings, tmp_path: Path
+def test_ten_times_the_sustained_load_is_refused_early_and_admitted_queries_meet_their_slo(
+    tmp_path: Path,
 ) -> None:
-    variant = tensorflow_variant(small_zoo)
-    row = [float(v) for v in zoo.load_split(zoo.DIGITS).x_test[0]]
-    body = {"task": zoo.DIGITS, "inputs": [row] * 8, "latency_ms": LATENCY_MS, "variant": variant}
-    with serve_process(small_zoo, tmp_path) as served:
-        key = served.new_tenant("acme")
-        with served.client(key) as http:  # load it first: this test is about queues, not cold loads
-            assert http.post("/v1/query", json={**body, "latency_ms": 60_000}).status_code == 200
-            # What it sustains: 64 clients back to back, with a target nothing misses.
-            started_s = time.monotonic()
-            capacity = closed_loop(f"{served.url}/v1/query", key, {**body, "latency_ms": 60_000}, 64, 2000)
-            sustained_per_s = len(capacity.answered()) / (time.monotonic() - started_s)
-        warm_up = 1 + len(capacity.answered())  # charged before the overload
+    empty = Settings(data_dir=tmp_path / "empty")
+    empty.data_dir.mkdir()
+    x, _ = tiny_models.digits(200)
+    body = {"task": "digits", "inputs": [row.tolist() for row in x[:ROWS]], "latency_ms": TARGET_MS}
+    lenient = {**body, "latency_ms": 60_000}
+    env = {"INFAAS_PROFILE_QUICK": "1"}
+    with serve_process(empty, tmp_path / "run", env=env) as served:
+        key = served.new_tenant("acme", role="owner")
+        served.register_onnx(key, tiny_models.deep_conv_onnx(channels=128, layers=12), "conv")
+        url = f"{served.url}/v1/query"
+        # What it sustains: 64 clients back to back, with a target nothing misses (the
+        # autoscaler sees this demand too, and adds what it adds).
+        closed_loop(url, key, lenient, 64, 300)
+        started_s = time.monotonic()
+        capacity = closed_loop(url, key, lenient, 64, 1000)
+        sustained_per_s = len(capacity.answered()) / (time.monotonic() - started_s)
+        warm_up = 300 + len(capacity.answered())  # charged before the overload
         rate_per_s = min(MAX_RATE_PER_S, OVERLOAD * sustained_per_s)
         front_end = psutil.Process(served.pid)
         rss_before = front_end.memory_info().rss
-        load = BareOpenLoopLoad(f"{served.url}/v1/query", key, body, rate_per_s).start()
+        load = BareOpenLoopLoad(url, key, body, rate_per_s).start()
         rss_peak = rss_before
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
@@ -69,59 +89,34 @@ def test_overload_is_refused_early_and_admitted_queries_meet_their_slo(
                 if (settled and totals["refused"] >= statuses[429]) or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-    # Every admitted query gave its slot back, the 504s and the clients that left included: a slot
-    # kept would shrink the front end for good.
-    assert gauges["infaas_queries_in_flight"] == 0, gauges
-    assert gauges["infaas_queries_in_flight_limit"] >= small_zoo.min_queries_in_flight, gauges
-    assert set(statuses) <= {200, 429, 504}, statuses
-    assert statuses[429] > 0 and statuses[200] > 0, statuses  # it was overloaded, and it served
     answered = result.answered()
     in_slo = sum(1 for b in answered if b["slo_met"])
-    # The issue asks 99 %. Measured at 2 000/s with the worker stream on an AVX-512 EPYC: 98.1,
-    # 98.1, 98.3, 99.3 % (4 runs, alone); the late answers come in clusters, whole batches
-    # predicted at 9-20 ms answered in 50-100 ms. On an AVX2 EPYC (2026-12-02) the service
-    # sustains ~380-580 of these queries/s back to back, and at 2× that, before the door shed
-    # refusals, it collapsed: 32-60 answered/s, 46-74 % in SLO (refusing took the event loop);
-    # with the door: 188 and 253 answered/s, 92.4 and 98.1 %. On a Xeon (2026-12-02) aiohttp
-    # could offer only ~2 000/s, about what the service sustained there (99.3 % in SLO: no real
-    # overload); with `BareOpenLoopLoad` offering 2× (3 165-3 499/s, 8 runs of this code):
-    # 526-1 206 answered/s, 89.5-94.4 % of them in SLO, 155-353 × 504. Since 2026-12-03 the
-    # latency judged includes the wait for the usage journal (15 ms p50, 58 ms p99 in one run):
-    # 74.8, 87.8 and 67.3 % in SLO at 401, 811 and 439 answered/s, 22-88 × 504 (AVX-512 EPYC,
-    # 3 runs; the last one was 91.0 % in SLO by the latency before the wait). Later that day, with
-    # the door counting only refusals with room (`DoorShedder.min_margin_ms`): 61-81 % over 16
-    # runs alone, with the front end at 0.65 core (docs/benchmarks.md, "Where the overload's time goes").
-    # With the door in the HTTP parser (2026-12-03, evening, another AVX-512 EPYC): 52.5-62.6 % at
-    # 288-423 answered/s (3 runs; docs/benchmarks.md, "The door in the HTTP parser"). With the
-    # journal's sync in a helper process and the limit on queries in flight (2026-12-04, an AMD
-    # EPYC): 94.3 and 95.1 % at 765 and 787 answered/s, against 56.5-63.2 % at 145-192 answered/s
-    # for the code before (docs/benchmarks.md, "The journal's sync in a process"). That evening,
-    # with the limit grown only when full and cut also by answers well after their prediction:
-    # 99.3, 99.8 % at 1 367 and 1 170 answered/s (the test), 99.6-99.97 % (3 diag runs), 97.5 %
-    # beside another overload run (docs/benchmarks.md, "The limit's verdict and growth"). With
-    # the limit's refusals at the door and the generator's heap frozen (its full collections had
-    # paused it ~300 ms, then it sent what it owed at once): 99.4-100 %, 0-11 x 504 (4 runs).
-    # The p99 and the 504 count printed below are the sharper signals.
-    actions = [(e["kind"], e["variant"], e["reason"]) for e in events if e["kind"] != "route"]
-    p99 = float(np.percentile([b["latency_ms"] for b in answered], 99))
+    actions = [(e["kind"], e["variant"], e["reason"][:120]) for e in events if e["kind"] != "route"]
+    p99 = float(np.percentile([b["latency_ms"] for b in answered], 99)) if answered else float("nan")
     print(
-        f"\noverload: {rate_per_s:.0f}/s offered (sustained {sustained_per_s:.0f}/s back to back), "
-        f"{len(answered) / SECONDS:.0f} answered/s, p99 {p99:.0f} ms, in SLO {in_slo}/{len(answered)}, "
-        f"{dict(statuses)}"
+        f"\noverload: {rate_per_s:.0f}/s offered ({rate_per_s / sustained_per_s:.1f}x the "
+        f"{sustained_per_s:.0f}/s answered back to back), {len(answered) / SECONDS:.0f} answered/s, "
+        f"p99 {p99:.0f} ms, in SLO {in_slo}/{len(answered)}, {dict(statuses)}, "
+        f"front end RSS +{(rss_peak - rss_before) >> 20} MiB"
     )
-    # A guard against a collapse (17 % in SLO at 48 answered/s when the door stayed open), not the
-    # goal, with room for a slower machine: 49-81 % before the limit (2026-12-03), 97.5 % with the
-    # limit beside another overload run, 99.3-99.97 % alone.
-    assert in_slo >= 0.8 * len(answered), (in_slo, len(answered), statuses, actions)
-    refusals = [o.body for o in result.outcomes if o.status == 429]
-    for b in refusals[:: max(1, len(refusals) // 4)]:
-        print(f"  refused: {b and b['detail']}")
-    assert all(b is not None and b["error"] == "overloaded" for b in refusals)
+    assert rate_per_s >= 0.99 * OVERLOAD * sustained_per_s, "the generator's cap made it less than 10x"
+    # Every admitted query gave its slot back, the clients that left included: a slot kept would
+    # shrink the front end for good.
+    assert gauges["infaas_queries_in_flight"] == 0, gauges
+    assert gauges["infaas_queries_in_flight_limit"] >= Settings().min_queries_in_flight, gauges
+    # It was overloaded and it served; nothing but answers and refusals (no 504, no 5xx).
+    assert set(statuses) <= {200, 429}, (statuses, actions)
+    assert statuses[429] > 0 and statuses[200] > 0, statuses
+    assert in_slo >= 0.99 * len(answered), (in_slo, len(answered), statuses, actions)
+    refusals = [o for o in result.outcomes if o.status == 429]
+    assert all(o.body is not None and o.body["error"] == "overloaded" for o in refusals)
+    assert all(o.retry_after_s is not None and o.retry_after_s > 0 for o in refusals)
+    for o in refusals[:: max(1, len(refusals) // 3)]:
+        print(f"  refused: {o.body and o.body['detail']}")
     # bounded: queues are bounded and refusals are cheap
     assert rss_peak - rss_before < 200 * 1024 * 1024, (rss_before, rss_peak)
-    # only the 200s are charged (plus the warm-up queries); refusals and drops are counted apart,
-    # and SLO attainment is over all of them
+    # only the 200s are charged (plus the warm-up queries); refusals are counted apart, and SLO
+    # attainment is over all of them
     assert totals["queries"] == len(answered) + warm_up
-    assert (totals["refused"], totals["failed"]) == (statuses[429], statuses[504])
-    assert totals["slo_attainment"] < (in_slo + warm_up) / (len(answered) + warm_up) or not statuses[429]
-    print(f"\noverload: {dict(statuses)}; admitted in SLO {in_slo}/{len(answered)}")
+    assert (totals["refused"], totals["failed"]) == (statuses[429], 0)
+    assert totals["slo_attainment"] < (in_slo + warm_up) / (len(answered) + warm_up)

@@ -16,6 +16,7 @@ from infaas.errors import (
     TaskNotFound,
     Unavailable,
 )
+from infaas.hostcpu import FixedHostCpu
 from infaas.router import (
     DEFAULT_OVERHEAD_MS,
     PROBE_INTERVAL_S,
@@ -27,7 +28,7 @@ from infaas.router import (
     choose_profile,
 )
 from infaas.store import MemoryStore
-from infaas.types import SLO, Labels, MachineInfo, Profile
+from infaas.types import SLO, Labels, MachineInfo, Profile, Variant
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
 from infaas.workers.placement import Placement
 from tests.factories import make_arch, make_task
@@ -365,6 +366,18 @@ def test_a_slowdown_measured_on_its_batches_prices_the_querys_own_run() -> None:
     asyncio.run(scenario())
 
 
+def cheap_and_pricey(store: MemoryStore) -> list[tuple[Variant, Profile]]:
+    """Two variants of architecture "m" of task "t", 1 and 2 threads, the second twice the price."""
+    entries = [
+        make_entry("m", "onnxruntime", t, accuracy=0.9, base_ms=1.0, per_row_ms=1.0, price_usd_per_s=t * 1e-5)
+        for t in (1, 2)
+    ]
+    store.register_architecture(make_arch("m", "t"), [v for v, _ in entries], [])
+    for _, profile in entries:
+        store.put_profile(profile)
+    return entries
+
+
 def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
     """Adding capacity is the autoscaler's call: a cold variant that is feasible only because the
     loaded one is busy is not loaded by the query path (it filled the cluster with copies that
@@ -372,16 +385,7 @@ def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
 
     async def scenario() -> None:
         store = store_with_one_task()
-        entries = [
-            make_entry(
-                "m", "onnxruntime", t, accuracy=0.9, base_ms=1.0, per_row_ms=1.0, price_usd_per_s=t * 1e-5
-            )
-            for t in (1, 2)
-        ]
-        store.register_architecture(make_arch("m", "t"), [v for v, _ in entries], [])
-        for _, profile in entries:
-            store.put_profile(profile)
-        (cheap, cheap_profile), (pricey, _) = entries
+        (cheap, cheap_profile), (pricey, _) = cheap_and_pricey(store)
         pool = RecordingPool(gated=True)
         batcher = AsyncBatcher(pool, max_in_flight=1, initial_overhead_ms=0.0)
         router = Router(store, pool, batcher, machine=MACHINE)
@@ -409,6 +413,44 @@ def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_idle() -> None:
+    """Two loaded variants, the cheap one busy: its spill goes to the idle pricier one while the
+    host has a core idle for it, and is refused as busy (naming the cheap one) while the cores
+    are taken: there the pricier one adds no capacity and slows the busy one down."""
+
+    async def scenario(idle_cores: float) -> tuple[str, str, str]:
+        store = store_with_one_task()
+        (cheap, cheap_profile), (pricey, _) = cheap_and_pricey(store)
+        pool = RecordingPool(gated=True)
+        batcher = AsyncBatcher(pool, max_in_flight=1, initial_overhead_ms=0.0)
+        router = Router(store, pool, batcher, machine=MACHINE, host_cpu=FixedHostCpu(idle_cores))
+        router.refresh()
+        await pool.ensure_loaded(cheap)
+        await pool.ensure_loaded(pricey)
+        slo = SLO(latency_ms=100)
+        rows = np.zeros((32, 4), dtype=np.float32)
+        waiting = [asyncio.create_task(batcher.submit(cheap, cheap_profile, rows, 1e12)) for _ in range(4)]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        try:
+            chosen = router.route("t", 1, slo, now_s=1.0).variant.name
+        except Overloaded as busy:
+            assert "busy" in str(busy)
+            chosen = f"429 {busy.fields['variant']}"
+        finally:
+            pool.release(4)
+            await asyncio.gather(*waiting)
+            await router.close()
+            await batcher.close()
+        return chosen, cheap.name, pricey.name
+
+    chosen, cheap, pricey = asyncio.run(scenario(idle_cores=4.0))
+    assert chosen == pricey
+    for idle_cores in (1.5, 0.2):  # the pricier variant has 2 threads
+        chosen, cheap, pricey = asyncio.run(scenario(idle_cores))
+        assert chosen == f"429 {cheap}", idle_cores
 
 
 def test_versions_route_by_their_labels_and_the_canary_takes_its_exact_share() -> None:
