@@ -404,7 +404,9 @@ class DataPlane:
             latency_ms = (time.monotonic() - received_s) * 1000.0
             slo_met = within_targets and latency_ms <= slo.latency_ms
             meter.settle(charged, latency_ms, slo_met)
-            slot.late = late_for_load(latency_ms, slo.latency_ms, decision.predicted_latency_ms)
+            slot.late = late_for_load(
+                latency_ms, slo.latency_ms, decision.predicted_latency_ms, routed.queued_ms
+            )
         return Answer(
             task=task.name,
             outputs=result.outputs,

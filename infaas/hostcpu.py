@@ -1,9 +1,10 @@
-"""How many of this host's cores are idle, measured: whether a second variant on the same cores
-would add capacity or only slow down the one already busy (`Router`, "a core for each thread").
+"""The cores of this host that the front end leaves to replicas: whether a second variant on
+the same cores would add capacity or only slow down the one already busy (`Router`, "a core
+for each thread").
 
-Measured, not read from Ray's logical CPUs: those count what replicas hold, not what the front
-end, the load and other processes use (the load-step test gives the local Ray 6 logical CPUs on
-2 real cores)."""
+Counted from the host's cores, not from Ray's logical CPUs: those count what replicas hold, not
+what the front end uses (the load-step test gives the local Ray 6 logical CPUs on 2 real
+cores)."""
 
 from __future__ import annotations
 
@@ -13,64 +14,74 @@ from typing import Protocol
 
 import psutil
 
-__all__ = ["FixedHostCpu", "HostCpu", "MeasuredHostCpu"]
+__all__ = ["FRONT_END_FLOOR_CORES", "FixedHostCpu", "HostCpu", "MeasuredHostCpu"]
+
+FRONT_END_FLOOR_CORES = 0.25
+"""The least the front end is counted as using while it serves: the share of a core it takes to
+admit and answer what the replicas run. After a quiet spell its measured use is ~0, and on 2
+cores with one replica busy that left exactly one "spare" core for a second replica, which the
+burst then took from the front end itself."""
 
 
 class HostCpu(Protocol):
-    def sample(self, now_s: float, busy: bool) -> None:
-        """Called as queries come: `busy` says whether replicas have batches running now."""
+    def sample(self, now_s: float) -> None:
+        """Called as queries come (`now_s` monotonic): measures at most once per window."""
         ...
 
-    def idle_cores(self) -> float:
-        """Cores idle on this host the last time its replicas were busy (0 … its core count)."""
+    def spare_cores(self) -> float:
+        """This host's cores less what the front end used lately."""
         ...
 
 
-def _idle_cpu_s() -> float:
-    """The host's cumulative idle CPU seconds, all cores together."""
-    times = psutil.cpu_times()
-    return float(times.idle + getattr(times, "iowait", 0.0))
+def _host_cores() -> float:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return float(len(os.sched_getaffinity(0)))
+    return float(os.cpu_count() or 1)
+
+
+def _own_cpu_s() -> float:
+    """This process's cumulative CPU seconds (user + system, all its threads)."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
 
 
 class MeasuredHostCpu:
-    """The host's idle CPU time (psutil: idle + iowait on Linux) over windows of `window_s`
-    during which replicas were busy, read at most once per window, so sampling per query is
-    cheap. Only busy windows count: the question is what is left beside the work already
-    running, and a quiet spell before a burst would say "all of it" (in the overload test the
-    first 250 ms of a burst after a pause took the spill that this rule exists to refuse).
-    `idle_s` reads the cumulative idle CPU seconds (psutil's, unless a test gives its own)."""
+    """The host's cores (those this process may run on) less this process's CPU use over the last
+    window of `window_s` (at least `FRONT_END_FLOOR_CORES`). `cpu_s` reads the process's
+    cumulative CPU seconds (psutil's, unless a test gives its own); `cores` defaults to the
+    host's."""
 
-    def __init__(self, window_s: float = 0.25, idle_s: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, window_s: float = 0.25, cpu_s: Callable[[], float] | None = None, cores: float | None = None
+    ) -> None:
         self._window_s = window_s
-        self._idle_now_s = idle_s if idle_s is not None else _idle_cpu_s
+        self._cpu_now_s = cpu_s if cpu_s is not None else _own_cpu_s
+        self._cores = cores if cores is not None else _host_cores()
         self._at_s: float | None = None
-        self._idle_s = 0.0
-        self._value = float(os.cpu_count() or 1)
+        self._cpu_s = 0.0
+        self._used = 0.0
 
-    def sample(self, now_s: float, busy: bool) -> None:
-        if not busy:
-            self._at_s = None
-            return
+    def sample(self, now_s: float) -> None:
         if self._at_s is not None and now_s - self._at_s < self._window_s:
             return
-        idle_s = self._idle_now_s()
-        # A window longer than two may have spanned a quiet spell with no query to see it.
-        if self._at_s is not None and now_s - self._at_s <= 2 * self._window_s:
-            self._value = max(0.0, (idle_s - self._idle_s) / (now_s - self._at_s))
-        self._at_s, self._idle_s = now_s, idle_s
+        cpu_s = self._cpu_now_s()
+        if self._at_s is not None:
+            self._used = max(0.0, (cpu_s - self._cpu_s) / (now_s - self._at_s))
+        self._at_s, self._cpu_s = now_s, cpu_s
 
-    def idle_cores(self) -> float:
-        return self._value
+    def spare_cores(self) -> float:
+        return self._cores - max(FRONT_END_FLOOR_CORES, self._used)
 
 
 class FixedHostCpu:
-    """A host whose idle cores are what the test sets (`idle`)."""
+    """A host whose spare cores are what the test sets (`spare`)."""
 
-    def __init__(self, idle: float) -> None:
-        self.idle = idle
+    def __init__(self, spare: float) -> None:
+        self.spare = spare
 
-    def sample(self, now_s: float, busy: bool) -> None:
+    def sample(self, now_s: float) -> None:
         pass
 
-    def idle_cores(self) -> float:
-        return self.idle
+    def spare_cores(self) -> float:
+        return self.spare

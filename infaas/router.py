@@ -374,6 +374,7 @@ class Routed:
     profile: Profile
     cold: bool  # not loaded when decided: its first run includes the load
     expected_ms: float  # profile p99 at the query's rows + the batcher's predicted queueing
+    queued_ms: float = 0.0  # of which the batcher's predicted queueing
 
 
 @dataclass
@@ -691,7 +692,7 @@ class Router:
             table = snap.by_task.get(task.name) or VariantTable(())
         live, queue_ms = self._live(table, now_s, rows)
         if self._host_cpu is not None:
-            self._host_cpu.sample(now_s, busy=bool(self._batcher.in_flight()))
+            self._host_cpu.sample(now_s)
         result = table.select(rows, left, live)
         if isinstance(result, Infeasible):
             # Admission: busy (429) or impossible (422)? Ask again as an idle fleet would answer.
@@ -731,11 +732,11 @@ class Router:
 
     def _spill_without_cores(self, chosen: Choice, queue_ms: Mapping[str, float]) -> bool:
         """Whether `chosen` is a loaded replica with nothing to do, chosen while another variant
-        of the table is busy, on this host's cores with fewer idle than its threads. Sent work,
-        it adds no capacity and slows the busy one down under the queries it already admitted.
-        (Overload test, 2026-12-05, 10x on 2 cores: the idle fp32 variant took the spill of the
-        busy int8 one; both ran 1.2-2.5x their prediction, and every late answer and 504 of
-        three runs came from those first 250 ms.)"""
+        of the table is busy, on a host without room for its threads (`_room_beside_busy`).
+        Sent work there, it adds no capacity and slows the busy ones down under the queries they
+        already admitted. (2026-12-05, 2 cores: at the start of the overload test's 10x burst
+        and of the load step, the idle fp32 replica took the busy int8 one's spill; both ran
+        1.2-3x their prediction, and that was every late answer and 504 of the overload runs.)"""
         if self._host_cpu is None or queue_ms.get(chosen.variant, 0.0) > 0.0:
             return False
         busy = self._batcher.in_flight()
@@ -743,8 +744,22 @@ class Router:
             return False
         if self._pool.path(chosen.variant) != "remote" or not self._pool.is_loaded(chosen.variant):
             return False
-        threads = self._snapshot.variants[chosen.variant][0].spec.threads
-        return self._host_cpu.idle_cores() < threads
+        return not self._room_beside_busy(self._snapshot.variants[chosen.variant][0], busy)
+
+    def _room_beside_busy(self, variant: Variant, busy: Mapping[str, int]) -> bool:
+        """Whether this host's cores, less the front end's use and the threads of the replicas
+        running batches (`busy`: batches in flight by variant), hold `variant`'s threads. Always
+        where nothing runs (there is nothing to slow down) or the host is not known (a cluster:
+        its replicas run elsewhere)."""
+        if self._host_cpu is None or not busy:
+            return True
+        variants = self._snapshot.variants
+        taken = sum(
+            min(batches, max(1, self._pool.replicas(name))) * variants[name][0].spec.threads
+            for name, batches in busy.items()
+            if name in variants and self._pool.path(name) == "remote"
+        )
+        return self._host_cpu.spare_cores() - taken >= variant.spec.threads
 
     def _canary(
         self, chosen: Choice, rows: int, left: SLO, now_s: float
@@ -892,6 +907,7 @@ class Router:
             expected_ms=(
                 profile.latency_ms(rows, "p99") + self._slower_ms(decision.variant, profile, rows) + queued_ms
             ),
+            queued_ms=queued_ms,
         )
 
     def _infeasible_error(
@@ -973,8 +989,8 @@ class Router:
     def _hint(self, name: str, *, optional: bool = False) -> asyncio.Task[None] | None:
         """Load `name` in the background; its task (the running one if a load is under way). An
         `optional` load (a cheaper variant than the one serving) happens only if `load_gate` (the
-        autoscaler's view of free resources) admits it: the cluster's room is the autoscaler's
-        to spend."""
+        autoscaler's view of free resources) admits it, the cluster's room being the autoscaler's
+        to spend, and if this host has room for it beside the busy replicas."""
         running = self._hinted.get(name)
         if running is not None:
             return running
@@ -982,6 +998,10 @@ class Router:
         if entry is None or entry[1] is None:
             return None
         if optional and self.load_gate is not None and not self.load_gate(entry[0]):
+            return None
+        # A new worker process starting (~1.5 s of imports) on cores the busy replicas need: the
+        # load step's late answers and 504s before the autoscaler acted (2026-12-05).
+        if optional and not self._room_beside_busy(entry[0], self._batcher.in_flight()):
             return None
         task = asyncio.get_running_loop().create_task(self._load(*entry), name=f"load-hint:{name}")
         self._hinted[name] = task

@@ -80,7 +80,9 @@ def start(workdir: Path, mode: str, ray_cpus: int, hold_down_s: float) -> tuple[
     }
     server = serve_on(workdir / mode, mode, workdir / f"{mode}.log", settings)
     base = server.url.removesuffix("/v1/query")
-    return server, _request(f"{base}/v1/admin/tenants", {"name": "bench"}, ADMIN_KEY)["api_key"]
+    # An owner key: registering into a task takes one (a tenant key is refused, 403).
+    owner = _request(f"{base}/v1/admin/tenants", {"name": "bench", "role": "owner"}, ADMIN_KEY)
+    return server, owner["api_key"]
 
 
 def register(base: str, key: str) -> None:

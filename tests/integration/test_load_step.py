@@ -78,7 +78,7 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
         low.stop()
         stepped_s = time.time()
         high = OpenLoopLoad(url, key, body, high_qps).start()
-        time.sleep(12.0)
+        time.sleep(16.0)
         result = high.stop()
         after_high = _events(served)
         down_s = time.time()
@@ -101,17 +101,15 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     # the full suite on this slower machine.
     assert first_up_s <= 8.0, (first_up_s, ups)
     assert all(e["reason"] and "failed" not in e["reason"] for e in ups), ups
-    # Admitted answers once it acted (+1 s for the new replica to load). The issue asks their p99
-    # within the target; on 2 real cores it is not reliably: the 6 logical CPUs share them, so a
-    # new replica adds contention, not capacity, and compute slows by more than the batcher's
-    # slowdown estimate follows, while a model this slow answers too few queries a second for
-    # the overhead estimate to learn it. Measured: 435-650 ms, 36-60 % in SLO on an AVX-512 Xeon;
-    # 1.6 s and 11 % on an AVX2 EPYC (one run after the batch head's deque fix; earlier runs there
-    # had that bug); 378-450 ms and 76-81 % on an AVX-512 EPYC with batches on the worker
-    # stream (two runs, alone); 340-395 ms and 89-92 % on a Xeon once the router priced the
-    # measured slowdown into a query's own run (three runs, alone). What is asserted is what
-    # admission guarantees even so: a latency bounded by deadline-capped batches (8× the target),
-    # and no failure.
+    # Admitted answers once it acted (+1 s for the new replica to load): their p99 within the
+    # target, as the issue asks. Until 2026-12-05 it was not met reliably here (340-650 ms on a
+    # Xeon and an AVX-512 EPYC, 207-267 ms later; 8x the target was asserted): the idle fp32
+    # replica took the busy variant's spill at the step, a load hint started a worker process
+    # on the busy cores, and misses at the edge of a long queue never cut the admission limit.
+    # With those three fixed (`Router._spill_without_cores`, `Router._room_beside_busy`,
+    # `policy.admission.late_for_load`): 186-242 ms over 7 runs, 99-100 % in SLO. The step lasts
+    # 16 s so that one stall of the shared cores (a batch ~100 ms late) is under 1 % of the
+    # answers measured.
     t0 = result.outcomes[0].sent_s
     after = [
         o.body
@@ -129,7 +127,7 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
         f"measured p50 {np.percentile(late_phase, 50):.0f} ms; "
         f"variants {collections.Counter(b['variant'].split('/')[-1] for b in after).most_common()}"
     )
-    assert p99 <= 8 * TARGET_MS, (p99, in_slo, result.statuses())
+    assert p99 <= TARGET_MS, (p99, in_slo, result.statuses())
     assert set(result.statuses()) <= {200, 429, 504}, result.statuses()
     downs = [
         e

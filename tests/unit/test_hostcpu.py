@@ -1,4 +1,4 @@
-"""The host's idle cores, measured only over windows in which replicas were busy."""
+"""The cores the front end leaves to replicas: the host's, less its own measured CPU use."""
 
 from __future__ import annotations
 
@@ -7,57 +7,39 @@ import time
 
 import pytest
 
-from infaas.hostcpu import MeasuredHostCpu
+from infaas.hostcpu import FRONT_END_FLOOR_CORES, MeasuredHostCpu
 
 
 class Counter:
-    """Cumulative idle CPU seconds that the test advances."""
+    """Cumulative CPU seconds of the front end, advanced by the test."""
 
     def __init__(self) -> None:
-        self.idle_s = 0.0
+        self.cpu_s = 0.0
 
     def __call__(self) -> float:
-        return self.idle_s
+        return self.cpu_s
 
 
-def test_idle_cores_come_from_busy_windows_only() -> None:
+def test_spare_cores_are_the_hosts_less_the_front_ends_use_over_the_last_window() -> None:
     counter = Counter()
-    cpu = MeasuredHostCpu(window_s=0.25, idle_s=counter)
-    assert cpu.idle_cores() == float(os.cpu_count() or 1)  # nothing measured: all of them
-    cpu.sample(10.0, busy=True)
-    counter.idle_s += 0.05  # 0.2 of a core idle over the next 0.25 s
-    cpu.sample(10.1, busy=True)  # inside the window: not read
-    cpu.sample(10.25, busy=True)
-    assert cpu.idle_cores() == pytest.approx(0.2)
-    # A quiet spell (nothing busy) is not measured: the cores it leaves idle say nothing about
-    # what is left beside the work that runs once a burst comes.
-    cpu.sample(10.3, busy=False)
-    counter.idle_s += 2.0
-    cpu.sample(11.3, busy=True)  # a new window starts here
-    assert cpu.idle_cores() == pytest.approx(0.2)
-    counter.idle_s += 0.25
-    cpu.sample(11.55, busy=True)
-    assert cpu.idle_cores() == pytest.approx(1.0)
+    cpu = MeasuredHostCpu(window_s=0.25, cpu_s=counter, cores=2.0)
+    cpu.sample(10.0)
+    assert cpu.spare_cores() == pytest.approx(2.0 - FRONT_END_FLOOR_CORES)  # nothing measured yet
+    counter.cpu_s += 0.15  # 0.6 of a core over the next 0.25 s
+    cpu.sample(10.1)  # inside the window: not read
+    cpu.sample(10.25)
+    assert cpu.spare_cores() == pytest.approx(1.4)
+    counter.cpu_s += 0.01  # a quiet spell: measured ~0, counted at the floor
+    cpu.sample(11.25)
+    assert cpu.spare_cores() == pytest.approx(2.0 - FRONT_END_FLOOR_CORES)
 
 
-def test_a_window_that_may_hide_a_quiet_spell_is_dropped() -> None:
-    counter = Counter()
-    cpu = MeasuredHostCpu(window_s=0.25, idle_s=counter)
-    cpu.sample(10.0, busy=True)
-    counter.idle_s += 0.1
-    cpu.sample(10.25, busy=True)
-    assert cpu.idle_cores() == pytest.approx(0.4)
-    counter.idle_s += 3.0  # no query for 1.5 s: busy at both ends, maybe idle in between
-    cpu.sample(11.75, busy=True)
-    assert cpu.idle_cores() == pytest.approx(0.4)
-    counter.idle_s += 0.0  # then a window with no idle time at all
-    cpu.sample(12.0, busy=True)
-    assert cpu.idle_cores() == 0.0
-
-
-def test_the_real_counter_reads_this_host() -> None:
+def test_the_real_counters_read_this_process_and_host() -> None:
     cpu = MeasuredHostCpu(window_s=0.05)
-    cpu.sample(0.0, busy=True)
-    time.sleep(0.1)
-    cpu.sample(0.1, busy=True)
-    assert 0.0 <= cpu.idle_cores() <= (os.cpu_count() or 1) * 1.5
+    cpu.sample(time.monotonic())
+    deadline = time.monotonic() + 0.1
+    while time.monotonic() < deadline:  # busy: this process uses about a core
+        pass
+    cpu.sample(time.monotonic())
+    cores = len(os.sched_getaffinity(0))
+    assert cores - 1.5 <= cpu.spare_cores() <= cores - 0.5

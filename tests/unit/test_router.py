@@ -415,25 +415,28 @@ def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
     asyncio.run(scenario())
 
 
-def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_idle() -> None:
-    """Two loaded variants, the cheap one busy: its spill goes to the idle pricier one while the
-    host has a core idle for it, and is refused as busy (naming the cheap one) while the cores
-    are taken: there the pricier one adds no capacity and slows the busy one down."""
+def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_free_for_each_thread() -> None:
+    """Two loaded variants, the cheap one (1 thread) busy: its spill goes to the idle pricier one
+    (2 threads) while the host's cores left by the front end, less the busy replica's thread,
+    hold 2 threads, and is refused as busy (naming the cheap one) otherwise: there the pricier
+    one adds no capacity and slows the busy one down. An optional load of it (a load hint)
+    follows the same rule: a worker starting on the busy cores slows them down too."""
 
-    async def scenario(idle_cores: float) -> tuple[str, str, str]:
+    async def scenario(spare_cores: float) -> tuple[str, bool, str, str]:
         store = store_with_one_task()
         (cheap, cheap_profile), (pricey, _) = cheap_and_pricey(store)
         pool = RecordingPool(gated=True)
         batcher = AsyncBatcher(pool, max_in_flight=1, initial_overhead_ms=0.0)
-        router = Router(store, pool, batcher, machine=MACHINE, host_cpu=FixedHostCpu(idle_cores))
+        router = Router(store, pool, batcher, machine=MACHINE, host_cpu=FixedHostCpu(spare_cores))
         router.refresh()
         await pool.ensure_loaded(cheap)
-        await pool.ensure_loaded(pricey)
         slo = SLO(latency_ms=100)
         rows = np.zeros((32, 4), dtype=np.float32)
         waiting = [asyncio.create_task(batcher.submit(cheap, cheap_profile, rows, 1e12)) for _ in range(4)]
         for _ in range(10):
             await asyncio.sleep(0)
+        hinted = router._hint(pricey.name, optional=True)
+        await (hinted if hinted is not None else pool.ensure_loaded(pricey))
         try:
             chosen = router.route("t", 1, slo, now_s=1.0).variant.name
         except Overloaded as busy:
@@ -444,13 +447,13 @@ def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_idle() -> 
             await asyncio.gather(*waiting)
             await router.close()
             await batcher.close()
-        return chosen, cheap.name, pricey.name
+        return chosen, hinted is not None, cheap.name, pricey.name
 
-    chosen, cheap, pricey = asyncio.run(scenario(idle_cores=4.0))
-    assert chosen == pricey
-    for idle_cores in (1.5, 0.2):  # the pricier variant has 2 threads
-        chosen, cheap, pricey = asyncio.run(scenario(idle_cores))
-        assert chosen == f"429 {cheap}", idle_cores
+    chosen, hint_loaded, cheap, pricey = asyncio.run(scenario(spare_cores=3.0))  # 3 - 1 busy: room for 2
+    assert chosen == pricey and hint_loaded
+    for spare_cores in (2.9, 1.75):
+        chosen, hint_loaded, cheap, pricey = asyncio.run(scenario(spare_cores))
+        assert chosen == f"429 {cheap}" and not hint_loaded, spare_cores
 
 
 def test_versions_route_by_their_labels_and_the_canary_takes_its_exact_share() -> None:

@@ -67,6 +67,11 @@ def test_an_answer_is_late_for_the_load_when_it_misses_or_comes_well_after_its_p
     assert not late_for_load(30.0, 50.0, 20.0)
     assert not late_for_load(5.0, 500.0, 0.5)  # 4.5 ms late on a 500 ms target says nothing
     assert late_for_load(float("inf"), 50.0, 49.0)  # no answer at all (a 504): always a signal
+    # At the edge of its prediction, but after waiting behind other queries for a quarter of its
+    # target: a shorter queue would have met it (a sustained overload fills queues to the edge).
+    assert late_for_load(252.0, 250.0, 245.0, queued_ms=70.0)
+    assert not late_for_load(252.0, 250.0, 245.0, queued_ms=50.0)
+    assert not late_for_load(240.0, 250.0, 245.0, queued_ms=200.0)  # in time
 
 
 @given(
