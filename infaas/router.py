@@ -43,7 +43,6 @@ from infaas.errors import (
     Unavailable,
     VariantNotFound,
 )
-from infaas.hostcpu import HostCpu
 from infaas.periodic import Periodic
 from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
 from infaas.policy.versions import CanarySplit
@@ -400,12 +399,12 @@ class Router:
         machines: Callable[[], Machines] | None = None,
         quarantine: Quarantine | None = None,
         on_event: Callable[[FleetEvent], None] | None = None,
-        host_cpu: HostCpu | None = None,
+        replica_cores: float | None = None,
     ) -> None:
         self._store = store
-        # Where the replicas share this host's cores (a local Ray): its idle cores, measured
-        # (`_spill_without_cores`); None: not known, never asked.
-        self._host_cpu = host_cpu
+        # Where the replicas share this host's cores (a local Ray): how many of them the front
+        # end leaves to replicas (`_room_beside_busy`); None: they run elsewhere, not counted.
+        self._replica_cores = replica_cores
         # Variants that keep failing are left out of the tables for a while (`infaas.quarantine`);
         # `_snapshot` is the store's snapshot (`_base`) minus them.
         self.quarantine = quarantine if quarantine is not None else Quarantine()
@@ -691,8 +690,6 @@ class Router:
         else:
             table = snap.by_task.get(task.name) or VariantTable(())
         live, queue_ms = self._live(table, now_s, rows)
-        if self._host_cpu is not None:
-            self._host_cpu.sample(now_s)
         result = table.select(rows, left, live)
         if isinstance(result, Infeasible):
             # Admission: busy (429) or impossible (422)? Ask again as an idle fleet would answer.
@@ -737,7 +734,7 @@ class Router:
         already admitted. (2026-12-05, 2 cores: at the start of the overload test's 10x burst
         and of the load step, the idle fp32 replica took the busy int8 one's spill; both ran
         1.2-3x their prediction, and that was every late answer and 504 of the overload runs.)"""
-        if self._host_cpu is None or queue_ms.get(chosen.variant, 0.0) > 0.0:
+        if self._replica_cores is None or queue_ms.get(chosen.variant, 0.0) > 0.0:
             return False
         busy = self._batcher.in_flight()
         if chosen.variant in busy or not any(name in queue_ms for name in busy):
@@ -747,11 +744,10 @@ class Router:
         return not self._room_beside_busy(self._snapshot.variants[chosen.variant][0], busy)
 
     def _room_beside_busy(self, variant: Variant, busy: Mapping[str, int]) -> bool:
-        """Whether this host's cores, less the front end's use and the threads of the replicas
-        running batches (`busy`: batches in flight by variant), hold `variant`'s threads. Always
-        where nothing runs (there is nothing to slow down) or the host is not known (a cluster:
-        its replicas run elsewhere)."""
-        if self._host_cpu is None or not busy:
+        """Whether this host's cores left to replicas, less the threads of the replicas running
+        batches (`busy`: batches in flight by variant), hold `variant`'s threads. Always where
+        nothing runs (there is nothing to slow down) or the replicas run on other hosts."""
+        if self._replica_cores is None or not busy:
             return True
         variants = self._snapshot.variants
         taken = sum(
@@ -759,7 +755,7 @@ class Router:
             for name, batches in busy.items()
             if name in variants and self._pool.path(name) == "remote"
         )
-        return self._host_cpu.spare_cores() - taken >= variant.spec.threads
+        return self._replica_cores - taken >= variant.spec.threads
 
     def _canary(
         self, chosen: Choice, rows: int, left: SLO, now_s: float

@@ -40,7 +40,6 @@ from infaas.artifacts import RedisArtifacts, open_artifacts
 from infaas.autoscaler import Autoscaler, DemandWindow, Resources
 from infaas.batching import AsyncBatcher
 from infaas.dataplane import DataPlane
-from infaas.hostcpu import MeasuredHostCpu
 from infaas.jobs import JobRunner
 from infaas.journal import UsageJournal
 from infaas.metering import Meter, MeterFlusher
@@ -173,8 +172,13 @@ def create_app(
             machines=machines,
             quarantine=Quarantine(settings.quarantine_after_failures, settings.quarantine_backoff_s),
             on_event=app.state.route_log.add,
-            # A local Ray's replicas share this host's cores; a cluster's run on other hosts.
-            host_cpu=None if settings.shared_fleet else MeasuredHostCpu(),
+            # A local Ray's replicas share this host's cores with the front end; a cluster's run
+            # on other hosts.
+            replica_cores=(
+                None
+                if settings.shared_fleet
+                else (machine or local_machine()).cores - settings.front_end_cpus
+            ),
         )
         batcher.on_outcome = lambda variant, error: the_router.report(variant, error, time.monotonic())
         the_router.refresh()

@@ -16,7 +16,6 @@ from infaas.errors import (
     TaskNotFound,
     Unavailable,
 )
-from infaas.hostcpu import FixedHostCpu
 from infaas.router import (
     DEFAULT_OVERHEAD_MS,
     PROBE_INTERVAL_S,
@@ -417,8 +416,8 @@ def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
 
 def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_free_for_each_thread() -> None:
     """Two loaded variants, the cheap one (1 thread) busy: its spill goes to the idle pricier one
-    (2 threads) while the host's cores left by the front end, less the busy replica's thread,
-    hold 2 threads, and is refused as busy (naming the cheap one) otherwise: there the pricier
+    (2 threads) while the host's cores left to replicas, less the busy replica's thread, hold 2
+    threads, and is refused as busy (naming the cheap one) otherwise: there the pricier
     one adds no capacity and slows the busy one down. An optional load of it (a load hint)
     follows the same rule: a worker starting on the busy cores slows them down too."""
 
@@ -427,7 +426,7 @@ def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_free_for_e
         (cheap, cheap_profile), (pricey, _) = cheap_and_pricey(store)
         pool = RecordingPool(gated=True)
         batcher = AsyncBatcher(pool, max_in_flight=1, initial_overhead_ms=0.0)
-        router = Router(store, pool, batcher, machine=MACHINE, host_cpu=FixedHostCpu(spare_cores))
+        router = Router(store, pool, batcher, machine=MACHINE, replica_cores=spare_cores)
         router.refresh()
         await pool.ensure_loaded(cheap)
         slo = SLO(latency_ms=100)
