@@ -15,9 +15,9 @@ choose among the model's variants, as for any tenant.
 
 The target, 500 ms, leaves room for a few of the largest batches (128 rows, ~65 ms on an
 AVX-512 EPYC). At 200 ms (three of them) admission fills the queue to the edge of the target,
-and 1-1.5 % of the answers came late (98.5, 98.7, 99.0 % in SLO, 0, 0, 6 x 504; 3 runs,
-2026-12-05): whole batches delayed 10-50 ms while the 2 shared cores also ran the front end
-refusing ~2 000 queries/s and the load generator (docs/benchmarks.md, "Overload at 10x")."""
+and some answers came late (98.2-99.5 % in SLO over 5 runs, 2026-12-05): whole batches
+delayed 10-50 ms while the 2 shared cores also ran the front end refusing ~2 000 queries/s and
+the load generator (docs/benchmarks.md, "Overload at 10x")."""
 
 from __future__ import annotations
 
