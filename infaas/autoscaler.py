@@ -270,7 +270,7 @@ class Autoscaler:
                 continue
             replicas = self._placement.replicas(name)
             remote = self._placement.path(name) == "remote"
-            cpus, gpus = _holds(variant)
+            cpus, gpus = variant.spec.holds
             d = self._demand.demand(name, now_s)
             states.append(
                 VariantState(
@@ -306,7 +306,7 @@ class Autoscaler:
     def admit_load(self, variant: Variant) -> bool:
         """Whether the free resources of the last round hold one more replica of `variant` (the
         router's optional loads ask); admitted ones are taken off until the next round."""
-        cpus, gpus = _holds(variant)
+        cpus, gpus = variant.spec.holds
         free_cpus, free_gpus = self._free
         if cpus > free_cpus or gpus > free_gpus:
             return False
@@ -321,7 +321,7 @@ class Autoscaler:
         for worker in self._placement.remote.fleet():
             if not worker.alive:
                 continue
-            held = [_holds(catalog[name][0]) for name in worker.loaded if name in catalog]
+            held = [catalog[name][0].spec.holds for name in worker.loaded if name in catalog]
             cpus += max((c for c, _ in held), default=0.0)
             gpus += max((g for _, g in held), default=0.0)
         return cpus, gpus
@@ -388,13 +388,6 @@ class Autoscaler:
 
     async def close(self) -> None:
         await self._loop.close()
-
-
-def _holds(variant: Variant) -> tuple[float, float]:
-    """(vCPUs, GPUs) one replica of `variant` holds."""
-    if variant.spec.hardware == "gpu":
-        return 0.0, 1.0
-    return float(variant.spec.threads), 0.0
 
 
 def _local_resources() -> Resources:

@@ -373,7 +373,7 @@ class Routed:
     profile: Profile
     cold: bool  # not loaded when decided: its first run includes the load
     expected_ms: float  # profile p99 at the query's rows + the batcher's predicted queueing
-    queued_ms: float = 0.0  # of which the batcher's predicted queueing
+    queued_ms: float  # of which the batcher's predicted queueing
 
 
 @dataclass
@@ -733,29 +733,34 @@ class Router:
         Sent work there, it adds no capacity and slows the busy ones down under the queries they
         already admitted. (2026-12-05, 2 cores: at the start of the overload test's 10x burst
         and of the load step, the idle fp32 replica took the busy int8 one's spill; both ran
-        1.2-3x their prediction, and that was every late answer and 504 of the overload runs.)"""
+        1.2-3x their prediction, and that was every late answer and 504 of the first overload
+        runs.)"""
+        # Cheapest tests first: this runs for every routed query.
         if self._replica_cores is None or queue_ms.get(chosen.variant, 0.0) > 0.0:
+            return False
+        if self._pool.path(chosen.variant) != "remote":
             return False
         busy = self._batcher.in_flight()
         if chosen.variant in busy or not any(name in queue_ms for name in busy):
             return False
-        if self._pool.path(chosen.variant) != "remote" or not self._pool.is_loaded(chosen.variant):
+        if not self._pool.is_loaded(chosen.variant):
             return False
         return not self._room_beside_busy(self._snapshot.variants[chosen.variant][0], busy)
 
     def _room_beside_busy(self, variant: Variant, busy: Mapping[str, int]) -> bool:
-        """Whether this host's cores left to replicas, less the threads of the replicas running
-        batches (`busy`: batches in flight by variant), hold `variant`'s threads. Always where
-        nothing runs (there is nothing to slow down) or the replicas run on other hosts."""
+        """Whether this host's cores left to replicas, less the vCPUs held by the replicas running
+        batches (`busy`: batches in flight by variant), hold the vCPUs of one more replica of
+        `variant` (`VariantSpec.holds`). Always where nothing runs (there is nothing to slow
+        down) or the replicas run on other hosts."""
         if self._replica_cores is None or not busy:
             return True
         variants = self._snapshot.variants
         taken = sum(
-            min(batches, max(1, self._pool.replicas(name))) * variants[name][0].spec.threads
+            min(batches, max(1, self._pool.replicas(name))) * variants[name][0].spec.holds[0]
             for name, batches in busy.items()
             if name in variants and self._pool.path(name) == "remote"
         )
-        return self._replica_cores - taken >= variant.spec.threads
+        return self._replica_cores - taken >= variant.spec.holds[0]
 
     def _canary(
         self, chosen: Choice, rows: int, left: SLO, now_s: float
@@ -995,8 +1000,8 @@ class Router:
             return None
         if optional and self.load_gate is not None and not self.load_gate(entry[0]):
             return None
-        # A new worker process starting (~1.5 s of imports) on cores the busy replicas need: the
-        # load step's late answers and 504s before the autoscaler acted (2026-12-05).
+        # Nor a new worker process on cores the busy replicas need: adding there is the
+        # autoscaler's call (in the load step a hint started one 1.6 s after the step).
         if optional and not self._room_beside_busy(entry[0], self._batcher.in_flight()):
             return None
         task = asyncio.get_running_loop().create_task(self._load(*entry), name=f"load-hint:{name}")

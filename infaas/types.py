@@ -205,6 +205,13 @@ class VariantSpec(_Value):
         """CPU cores the variant holds while running (its thread count)."""
         return self.threads
 
+    @property
+    def holds(self) -> tuple[float, float]:
+        """(vCPUs, GPUs) one replica holds: a GPU variant's threads feed its device, and are not
+        counted as vCPUs (what the autoscaler's free resources and the router's room for a
+        replica beside busy ones are counted in)."""
+        return (0.0, 1.0) if self.hardware == "gpu" else (float(self.threads), 0.0)
+
 
 class Parity(_Value):
     """Agreement of a variant with its architecture's reference on the whole validation set."""

@@ -104,10 +104,9 @@ def test_a_load_step_scales_up_within_seconds_and_back_after_the_hold_down(tmp_p
     # Admitted answers once it acted (+1 s for the new replica to load): their p99 within the
     # target, as the issue asks. Until 2026-12-05 it was not met reliably here (340-650 ms on a
     # Xeon and an AVX-512 EPYC, 207-267 ms later; 8x the target was asserted): the idle fp32
-    # replica took the busy variant's spill at the step, a load hint started a worker process
-    # on the busy cores, and misses at the edge of a long queue never cut the admission limit.
-    # With those three fixed (`Router._spill_without_cores`, `Router._room_beside_busy`,
-    # `policy.admission.late_for_load`): 186-242 ms over 7 runs, 99-100 % in SLO. The step lasts
+    # replica took the busy variant's spill at the step, and misses at the edge of a long queue
+    # never cut the admission limit. With both fixed (`Router._spill_without_cores`,
+    # `policy.admission.late_for_load`): 190-226 ms over 19 runs, 100 % in SLO. The step lasts
     # 16 s so that one stall of the shared cores (a batch ~100 ms late) is under 1 % of the
     # answers measured.
     t0 = result.outcomes[0].sent_s

@@ -20,7 +20,7 @@ from infaas.metering import MeterRecord
 from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.settings import Settings
 from infaas.store import MemoryStore
-from infaas.types import Profile, Variant
+from infaas.types import Profile, Variant, VariantSpec
 from infaas.workers.inprocess import RecordingPool
 from infaas.workers.placement import Placement
 from tests.factories import make_arch, make_task
@@ -317,3 +317,11 @@ def test_a_restricted_autoscaler_only_takes_the_actions_it_is_allowed() -> None:
         assert not pool.is_loaded(fast[0].name)
 
     asyncio.run(scenario())
+
+
+def test_a_replica_holds_its_threads_as_vcpus_or_one_gpu() -> None:
+    """What the autoscaler's free resources and the router's room beside busy replicas count."""
+    cpu = VariantSpec(architecture="a", runtime="onnxruntime", threads=2)
+    gpu = VariantSpec(architecture="a", runtime="onnxruntime", hardware="gpu", threads=2)
+    assert cpu.holds == (2.0, 0.0)
+    assert gpu.holds == (0.0, 1.0)
