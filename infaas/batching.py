@@ -17,7 +17,6 @@ import heapq
 import itertools
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,6 +25,7 @@ import numpy as np
 
 from infaas.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from infaas.policy.batching import BatchParams, InFlight, decide, follow_slowdown, predicted_queue_delay_ms
+from infaas.policy.fairqueue import FairQueue
 from infaas.types import Profile, Variant
 from infaas.workers.base import BatchResult, WorkerPool
 from infaas.workers.placement import Placement
@@ -121,10 +121,9 @@ class _VariantQueue:
     profile: Profile
     params: BatchParams
     overhead_ms: float
-    pending: deque[_Pending] = field(default_factory=deque)
-    # Rows in `pending`, kept as requests come and go: the router asks for the queueing delay
-    # twice per query, and summing a deep queue there each time was a loop per query.
-    queued_rows: int = 0
+    # In weighted fair order across tenants (`policy.fairqueue`): one tenant's backlog is not
+    # another's wait. It keeps its rows' sum as requests come and go (the router reads it per query).
+    pending: FairQueue[_Pending] = field(default_factory=FairQueue)
     in_flight: InFlight = field(default_factory=InFlight)  # batches sent, with predicted finishes
     # Replicas: batches run in parallel up to this many; beyond it a batch waits at a replica
     # (a worker runs one batch at a time; the extra ones in flight only hide the hop).
@@ -138,14 +137,12 @@ class _VariantQueue:
     def latency_ms(self, rows: int) -> float:
         return self.profile.latency_ms(rows, "p99") * self.slowdown + self.overhead_ms
 
-    def push(self, item: _Pending) -> None:
-        self.pending.append(item)
-        self.queued_rows += item.rows
+    @property
+    def queued_rows(self) -> int:
+        return self.pending.queued_rows
 
     def pop(self) -> _Pending:
-        item = self.pending.popleft()
-        self.queued_rows -= item.rows
-        return item
+        return self.pending.popleft()
 
 
 class AsyncBatcher:
@@ -208,21 +205,30 @@ class AsyncBatcher:
     # ---- the request path -------------------------------------------------------------------
 
     async def submit(
-        self, variant: Variant, profile: Profile, rows: np.ndarray, deadline_s: float
+        self,
+        variant: Variant,
+        profile: Profile,
+        rows: np.ndarray,
+        deadline_s: float,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> BatchResult:
-        """Queue `rows` for `variant` and wait for this request's share of its batch."""
+        """Queue `rows` for `variant` on behalf of `tenant` (its fair share: `weight`) and wait
+        for this request's share of its batch."""
         if self._closed:
             raise Unavailable("the batcher is shutting down; retry on another front end")
         if rows.ndim < 1 or rows.shape[0] < 1:
             raise InvalidInput("a query needs at least one input row")
         self._last_submit_s = self._timer.now_s()
         queue = self._queues.get(variant.name)
-        if queue is not None and queue.queued_rows + rows.shape[0] > self._max_queue_rows:
+        ahead = queue.pending.rows_ahead(tenant) if queue is not None else 0
+        if ahead + rows.shape[0] > self._max_queue_rows:
             # Bounded queues: under any overload the front end's memory stays bounded, and a
             # client learns at once to come back rather than waiting behind thousands of rows.
-            wait_ms = self.queue_delay_ms(variant.name)
+            # Counted ahead of this tenant's query: a neighbour's backlog is not its wait.
+            wait_ms = self.queue_delay_ms(variant.name, tenant)
             raise Overloaded(
-                f"{variant.name}: {queue.queued_rows} rows already wait (the bound is "
+                f"{variant.name}: {ahead} rows already wait ahead of this query (the bound is "
                 f"{self._max_queue_rows}, INFAAS_MAX_QUEUE_ROWS); retry",
                 variant=variant.name,
                 retry_after_s=round(wait_ms / 1000.0, 3),
@@ -237,7 +243,9 @@ class AsyncBatcher:
                 self._queues[variant.name] = queue
             queue.profile, queue.params = profile, params
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
-        queue.push(_Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future))
+        queue.pending.push(
+            _Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future), tenant, weight
+        )
         if not queue.pump_scheduled:
             # Decide at the end of this loop iteration, not now: requests that arrived together
             # (one read of many sockets) then leave in one batch, at no cost in latency.
@@ -266,7 +274,7 @@ class AsyncBatcher:
             now_s = self._timer.now_s()
             wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
-            decision = decide(queue.pending, latency, queue.params, len(queue.in_flight), now_s)
+            decision = decide(queue.pending.items, latency, queue.params, len(queue.in_flight), now_s)
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
                 return
@@ -381,16 +389,26 @@ class AsyncBatcher:
 
     # ---- what the router and the dashboard read ---------------------------------------------
 
-    def queue_delay_ms(self, variant: str) -> float:
-        """Predicted wait of a new request to `variant` before its batch is sent (0 when idle)."""
+    def queue_delay_ms(self, variant: str, tenant: str = "") -> float:
+        """Predicted wait of a new request of `tenant` to `variant` before its batch is sent (0
+        when idle): the rows fair queuing puts ahead of it, not the queue's depth."""
         queue = self._queues.get(variant)
         if queue is None:
             return 0.0
         now_s = self._timer.now_s()
         remaining_ms = queue.in_flight.remaining_ms(now_s)
         return predicted_queue_delay_ms(
-            queue.queued_rows, remaining_ms, queue.latency_ms, queue.params, servers=queue.servers
+            queue.pending.rows_ahead(tenant),
+            remaining_ms,
+            queue.latency_ms,
+            queue.params,
+            servers=queue.servers,
         )
+
+    def queued_rows_by_tenant(self, variant: str) -> dict[str, int]:
+        """Rows waiting for `variant`, per tenant."""
+        queue = self._queues.get(variant)
+        return queue.pending.rows_by_tenant() if queue is not None else {}
 
     def oldest_age_ms(self, variant: str) -> float:
         """How long the oldest request waiting for `variant` has waited (0 when none waits)."""

@@ -30,8 +30,9 @@ from infaas.errors import (
     Unavailable,
 )
 from infaas.metering import Meter, cost_share_pusd
-from infaas.policy.admission import ConcurrencyLimit, late_for_load
+from infaas.policy.admission import ConcurrencyLimit, RateQuota, late_for_load
 from infaas.policy.shedding import DoorShedder, LoopWatch
+from infaas.policy.verdict import over_share
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
@@ -187,6 +188,7 @@ class DataPlane:
         self._targets_ttl_s = targets_ttl_s
         self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
         self._doors: dict[str, DoorShedder] = {}
+        self._quotas: dict[str, RateQuota] = {}
         self.limit = ConcurrencyLimit(
             min_limit=settings.min_queries_in_flight, initial=max(64.0, settings.min_queries_in_flight)
         )
@@ -270,7 +272,53 @@ class DataPlane:
         """Whether the door refuses now: the limit on queries in flight is full, or some tenant's
         door sheds. When neither (the usual case), the door skips the header lookup and the key's
         digest on every query."""
-        return self.limit.full or any(door.share > 0.0 for door in self._doors.values())
+        return (
+            self.limit.full
+            or any(door.share > 0.0 for door in self._doors.values())
+            or any(quota.empty for quota in self._quotas.values())
+        )
+
+    def quota(self, principal: Principal, now_s: float) -> RateQuota | None:
+        """`principal`'s rate quota (None: it has none), rebuilt when its settings change."""
+        share = principal.share
+        if share.rate_qps is None:
+            self._quotas.pop(principal.name, None)
+            return None
+        quota = self._quotas.get(principal.name)
+        if quota is None or (quota.rate_qps, quota.burst) != (
+            share.rate_qps,
+            max(1.0, share.burst or share.rate_qps),
+        ):
+            quota = self._quotas[principal.name] = RateQuota(share.rate_qps, share.burst, now_s)
+        return quota
+
+    def _over_quota(self, principal: Principal, wait_s: float) -> Overloaded:
+        share = principal.share
+        return Overloaded(
+            f"tenant {principal.name!r} is over its rate quota of {share.rate_qps:g} queries/s "
+            f"(burst {max(1.0, share.burst or share.rate_qps or 1.0):g}); retry",
+            over_share=True,
+            quota_qps=share.rate_qps,
+            retry_after_s=round(max(wait_s, 0.001), 3),
+        )
+
+    def _over_share(
+        self, principal: Principal, now_s: float, retry_after_s: float, **fields: object
+    ) -> Overloaded:
+        """The 429 for a query refused because its tenant holds its share of a full limit."""
+        limit = self.limit
+        weight = principal.share.weight
+        held = limit.held(principal.name)
+        return Overloaded(
+            f"tenant {principal.name!r} is over its share: it holds {held} of the "
+            f"{limit.in_flight} queries this front end answers, its share of the limit "
+            f"{int(limit.limit)} is {limit.share(principal.name, weight, now_s):.1f} (weight {weight:g} "
+            "against the other active tenants'); retry",
+            over_share=True,
+            in_flight=held,
+            retry_after_s=round(retry_after_s, 3),
+            **fields,
+        )
 
     def door(self, tenant: str) -> DoorShedder:
         """`tenant`'s shedder at the door: one per tenant, so that one tenant's overload does not
@@ -286,9 +334,15 @@ class DataPlane:
         limit on queries in flight is full (`try_admit` would refuse it, after parsing its body),
         or when the tenant's door sheds it."""
         door = self.door(principal.name)
-        if self.limit.full:
+        quota = self.quota(principal, received_s)
+        wait_s = quota.wait_s(received_s) if quota is not None else 0.0
+        if wait_s > 0.0:
+            exc = self._over_quota(principal, wait_s)
+        elif self.limit.over_share(principal.name, principal.share.weight, received_s):
             # No target to scale the retry by (the body is unread): the last busy refusal's.
-            exc = self._at_limit(retry_after_s=door.retry_after_s or _DOOR_RETRY_AFTER_S, at_door=True)
+            exc = self._over_share(
+                principal, received_s, door.retry_after_s or _DOOR_RETRY_AFTER_S, at_door=True
+            )
         elif not door.admit(received_s):
             exc = Overloaded(
                 f"refusing {door.share:.0%} of this tenant's queries on arrival, as admission "
@@ -301,17 +355,6 @@ class DataPlane:
         self.record_failure(principal, "", exc, received_s)
         return exc
 
-    def _at_limit(self, retry_after_s: float, **fields: object) -> Overloaded:
-        """The 429 for a query refused because the front end holds `limit` queries in flight."""
-        limit = self.limit
-        return Overloaded(
-            f"this front end already answers {limit.in_flight} queries, its limit (learned from "
-            "late answers: it falls when answers come late and grows while they come in time); retry",
-            in_flight=limit.in_flight,
-            retry_after_s=round(retry_after_s, 3),
-            **fields,
-        )
-
     async def infer(self, principal: Principal, req: InferenceRequest) -> Answer:
         """Answer one query, or raise the error its protocol reports (metered either way)."""
         slot = _Slot()
@@ -319,7 +362,7 @@ class DataPlane:
             return await self._infer(principal, req, slot)
         finally:  # on every path, a failed charge or a cancelled client included: a slot kept is lost
             if slot.taken:
-                self.limit.release(slot.late, time.monotonic())
+                self.limit.release(slot.late, time.monotonic(), principal.name)
 
     async def _infer(self, principal: Principal, req: InferenceRequest, slot: _Slot) -> Answer:
         received_s = req.received_s
@@ -332,11 +375,20 @@ class DataPlane:
             if slo is None:
                 slo = await self.default_targets(principal.name, task.name, received_s)
             routed_s = time.monotonic()
-            if not self.limit.try_admit():
-                self.door(principal.name).observe(
+            tenant, weight = principal.name, principal.share.weight
+            quota = self.quota(principal, routed_s)
+            quota_wait_s = quota.wait_s(routed_s) if quota is not None else 0.0
+            # The verdict's first rule, asked before the live state is read (`policy.verdict`).
+            if over_share(self.limit.standing(tenant, weight, routed_s, quota_wait_s)):
+                if quota_wait_s > 0.0:
+                    raise self._over_quota(principal, quota_wait_s)
+                self.door(tenant).observe(
                     True, routed_s, loop_busy=self.loop_watch.busy(routed_s), margin_ms=slo.latency_ms
                 )
-                raise self._at_limit(min(1.0, slo.latency_ms / 1000.0))
+                raise self._over_share(principal, routed_s, min(1.0, slo.latency_ms / 1000.0))
+            if quota is not None:
+                quota.take(routed_s)
+            self.limit.take(tenant, weight, routed_s)
             slot.taken = True
             try:
                 routed = await self.router.route_async(
@@ -347,6 +399,7 @@ class DataPlane:
                     architecture=req.architecture,
                     variant=req.variant,
                     elapsed_ms=(routed_s - received_s) * 1000.0,
+                    tenant=tenant,
                 )
             except Overloaded as busy:
                 idle_ms = busy.fields.get("predicted_idle_ms")  # absent for a cold variant
@@ -363,7 +416,12 @@ class DataPlane:
             # From here a failure (a 504, a worker lost) is an answer not in time.
             slot.late = late_for_load(math.inf, slo.latency_ms, routed.decision.predicted_latency_ms)
             result = await self._batcher.submit(
-                routed.variant, routed.profile, inputs, received_s + slo.latency_ms / 1000.0
+                routed.variant,
+                routed.profile,
+                inputs,
+                received_s + slo.latency_ms / 1000.0,
+                principal.name,
+                principal.share.weight,
             )
             cost_pusd = cost_share_pusd(routed.profile, result.batch_rows, rows)
         except Exception as exc:

@@ -18,8 +18,8 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
-from infaas.autoscaler import Demand, DemandWindow, as_demand, merge_totals
 from infaas.errors import StoreError
+from infaas.policy.demand import Demand, DemandWindow, as_demand, merge_totals
 from infaas.store import MetadataStore
 from infaas.types import FrontEndInfo
 

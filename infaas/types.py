@@ -46,6 +46,7 @@ __all__ = [
     "Profile",
     "Role",
     "RuntimeName",
+    "Share",
     "SkippedVariant",
     "Targets",
     "Task",
@@ -362,11 +363,22 @@ class Targets(_Value):
         )
 
 
+class Share(_Value):
+    """A tenant's part of the service under contention (admin settings; `policy.admission`,
+    `policy.fairqueue`): its `weight` against the other active tenants', and an optional rate
+    quota (queries a second, with a burst of `burst` queries; default one second's worth)."""
+
+    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
+    rate_qps: float | None = Field(default=None, gt=0.0)
+    burst: float | None = Field(default=None, ge=1.0)
+
+
 class Tenant(_Value):
     name: str
     role: Role = "tenant"
     created_at_s: float = 0.0
     revoked: bool = False
+    share: Share = Field(default_factory=Share)
 
 
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -399,10 +411,15 @@ class Job(_Value):
 
 
 class Principal(_Value):
-    """Who sent a request: a key's name and role."""
+    """Who sent a request: a key's name and role, and the tenant's share (admission reads it)."""
 
     name: str
     role: Role
+    share: Share = Field(default_factory=Share)
+
+    @classmethod
+    def of(cls, tenant: Tenant) -> Principal:
+        return cls(name=tenant.name, role=tenant.role, share=tenant.share)
 
 
 class UsageKey(_Value):
@@ -488,7 +505,7 @@ class FrontEndInfo(_Value):
     name: str
     at_s: float  # when it last reported (wall clock)
     leader: bool = False  # holds the autoscaler lease
-    # Per variant, its demand window's totals (`infaas.autoscaler.DemandWindow.totals`).
+    # Per variant, its demand window's totals (`infaas.policy.demand.DemandWindow.totals`).
     demand: dict[str, tuple[float, ...]] = Field(default_factory=dict)
 
 

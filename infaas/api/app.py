@@ -37,7 +37,7 @@ from infaas.api.routes import (
 from infaas.api.routes import models as model_routes
 from infaas.api.routes import versions as version_routes
 from infaas.artifacts import RedisArtifacts, open_artifacts
-from infaas.autoscaler import Autoscaler, DemandWindow, Resources
+from infaas.autoscaler import Autoscaler, Resources
 from infaas.batching import AsyncBatcher
 from infaas.dataplane import DataPlane
 from infaas.jobs import JobRunner
@@ -47,11 +47,13 @@ from infaas.metrics import Metrics
 from infaas.peers import Peers
 from infaas.periodic import Periodic
 from infaas.policy.autoscaling import AutoscalingConfig
+from infaas.policy.demand import DemandWindow
 from infaas.quarantine import Quarantine
 from infaas.registry import VariantProfiler, build_registry
 from infaas.routelog import RouteLog
-from infaas.router import Machines, Router
+from infaas.router import Router
 from infaas.settings import Settings
+from infaas.snapshot import Machines
 from infaas.store import MetadataStore, open_store
 from infaas.trace_recorder import TraceRecorder
 from infaas.types import MachineInfo

@@ -179,7 +179,7 @@ async def authenticate(request: Request) -> Principal:
     tenant = await _lookup(store, token)
     if tenant is None:
         raise Unauthenticated("unknown or revoked API key")
-    principal = Principal(name=tenant.name, role=tenant.role)
+    principal = Principal.of(tenant)
     cache.put(digest, principal, now_s)
     return principal
 
@@ -200,7 +200,7 @@ async def _resolve(store: MetadataStore, token: str, digest: str, cache: KeyCach
     if tenant is None:
         cache.forget(digest)
     else:
-        cache.put(digest, Principal(name=tenant.name, role=tenant.role), time.monotonic())
+        cache.put(digest, Principal.of(tenant), time.monotonic())
 
 
 async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:

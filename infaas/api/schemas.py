@@ -10,6 +10,7 @@ __all__ = [
     "QueryRequest",
     "QueryResponse",
     "Readiness",
+    "ShareIn",
     "TargetsIn",
     "TargetsOut",
     "TenantCreate",
@@ -49,11 +50,32 @@ class TenantCreated(_Wire):
     api_key: str = Field(description="shown once; only its hash is stored")
 
 
+class ShareIn(_Wire):
+    """A tenant's share under contention: admission and each variant's queue serve the active
+    tenants in proportion to their weights; an optional rate quota refuses (429) what exceeds it."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"weight": 2.0, "rate_qps": 100.0}]})
+
+    weight: float = Field(
+        default=1.0, gt=0.0, le=1000.0, description="relative to the other tenants' (default 1)"
+    )
+    rate_qps: float | None = Field(
+        default=None, gt=0.0, le=1e6, description="quota: queries a second (none: no quota)"
+    )
+    burst: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=1e7,
+        description="queries the quota lets through at once (default: one second's worth)",
+    )
+
+
 class TenantOut(_Wire):
     name: str
     role: str
     created_at_s: float
     revoked: bool
+    share: ShareIn
 
 
 # ---- the query path --------------------------------------------------------------------------

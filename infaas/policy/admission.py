@@ -32,7 +32,9 @@ answers in SLO; with the early verdict too, 98.1-98.8 % (3 runs); with both rule
 
 from __future__ import annotations
 
-__all__ = ["ConcurrencyLimit", "late_for_load"]
+from infaas.policy.verdict import Standing, over_share
+
+__all__ = ["ConcurrencyLimit", "RateQuota", "late_for_load"]
 
 
 def late_for_load(latency_ms: float, target_ms: float, predicted_ms: float, queued_ms: float = 0.0) -> bool:
@@ -51,7 +53,15 @@ def late_for_load(latency_ms: float, target_ms: float, predicted_ms: float, queu
 
 
 class ConcurrencyLimit:
-    """See the module docstring. `try_admit` takes a slot, `release` gives it back with the verdict."""
+    """See the module docstring. `try_admit` takes a slot, `release` gives it back with the verdict.
+
+    Shared by tenants in weighted fair shares (max-min, as a fair queue shares a link): a tenant
+    holding fewer queries than its share of the limit (``limit × weight / Σ weights`` of the
+    tenants active in the last `active_s`, rounded down, at least one) is admitted even when the
+    limit is full, by borrowing from those over theirs; a tenant at or over its share is admitted
+    only while the limit has room. So the tenant over its share gets the refusals, and one within
+    it is never refused because another exceeds its own. The total can pass the limit by the
+    shares in use: at most the limit again, plus one per active tenant."""
 
     def __init__(
         self,
@@ -61,35 +71,82 @@ class ConcurrencyLimit:
         max_limit: float = 4096.0,
         backoff: float = 0.8,
         cooldown_s: float = 0.05,
+        active_s: float = 1.0,
     ) -> None:
         if not 1.0 <= min_limit <= initial <= max_limit:
             raise ValueError("need 1 <= min_limit <= initial <= max_limit")
-        if not 0.0 < backoff < 1.0 or cooldown_s < 0.0:
-            raise ValueError("backoff in (0, 1), cooldown_s >= 0")
+        if not 0.0 < backoff < 1.0 or cooldown_s < 0.0 or active_s <= 0.0:
+            raise ValueError("backoff in (0, 1), cooldown_s >= 0, active_s > 0")
         self._min = min_limit
         self._max = max_limit
         self._backoff = backoff
         self._cooldown_s = cooldown_s
+        self._active_s = active_s
         self.limit = initial
         self.in_flight = 0
         self._cut_s = float("-inf")
+        self._held: dict[str, int] = {}  # tenant → slots held
+        self._seen: dict[str, tuple[float, float]] = {}  # tenant → (last arrival s, weight)
 
     @property
     def full(self) -> bool:
-        """Whether a query arriving now would be refused (the door asks, before reading it)."""
+        """Whether the limit is reached: a query arriving now is refused unless its tenant is
+        under its share (`over_share`)."""
         return self.in_flight >= int(self.limit)
 
-    def try_admit(self) -> bool:
-        """Take a slot for a query, or False: the limit is reached (refuse it as busy)."""
-        if self.full:
+    def held(self, tenant: str) -> int:
+        return self._held.get(tenant, 0)
+
+    def share(self, tenant: str, weight: float, now_s: float) -> float:
+        """`tenant`'s fair share of the limit now: its weight's part of the active tenants'."""
+        total = weight
+        horizon_s = now_s - self._active_s
+        stale = []
+        for other, (seen_s, other_weight) in self._seen.items():
+            if other == tenant:
+                continue
+            if seen_s >= horizon_s or self._held.get(other):
+                total += other_weight
+            else:
+                stale.append(other)
+        for other in stale:
+            del self._seen[other]
+        return self.limit * weight / total
+
+    def standing(self, tenant: str, weight: float, now_s: float, quota_wait_s: float = 0.0) -> Standing:
+        """`tenant`'s standing under the limit now, what `policy.verdict` judges."""
+        full = self.full
+        share = max(1, int(self.share(tenant, weight, now_s))) if full else int(self.limit)
+        return Standing(self._held.get(tenant, 0), share, full, quota_wait_s)
+
+    def over_share(self, tenant: str, weight: float, now_s: float) -> bool:
+        """Whether a query of `tenant` arriving now is refused: the limit is full and the tenant
+        already holds its share of it (the door asks, before reading the query)."""
+        return self.full and over_share(self.standing(tenant, weight, now_s))
+
+    def try_admit(self, tenant: str = "", weight: float = 1.0, now_s: float = 0.0) -> bool:
+        """Take a slot for a query of `tenant`, or False: it is over its share of a full limit."""
+        self._seen[tenant] = (now_s, weight)
+        if self.over_share(tenant, weight, now_s):
             return False
-        self.in_flight += 1
+        self.take(tenant, weight, now_s)
         return True
 
-    def release(self, late: bool | None, now_s: float) -> None:
-        """Give back a slot: `late` is the verdict (None: no answer that says anything about
-        the load, e.g. refused by the router after the slot was taken)."""
+    def take(self, tenant: str, weight: float, now_s: float) -> None:
+        """Take a slot for a query the verdict admitted."""
+        self._seen[tenant] = (now_s, weight)
+        self.in_flight += 1
+        self._held[tenant] = self._held.get(tenant, 0) + 1
+
+    def release(self, late: bool | None, now_s: float, tenant: str = "") -> None:
+        """Give back `tenant`'s slot: `late` is the verdict (None: no answer that says anything
+        about the load, e.g. refused by the router after the slot was taken)."""
         self.in_flight = max(0, self.in_flight - 1)
+        held = self._held.get(tenant, 0) - 1
+        if held > 0:
+            self._held[tenant] = held
+        else:
+            self._held.pop(tenant, None)
         if late:
             if now_s - self._cut_s >= self._cooldown_s:
                 self._cut_s = now_s
@@ -99,3 +156,41 @@ class ConcurrencyLimit:
             # its last): clients that never fill it must not grow it without bound, nor to what
             # their lenient targets allow and another tenant's strict ones do not.
             self.limit = min(self._max, self.limit + 1.0 / self.limit)
+
+
+class RateQuota:
+    """A tenant's optional rate quota: a token bucket of `rate_qps` tokens a second holding at
+    most `burst` (default one second's worth). Pure: the clock comes in as `now_s`."""
+
+    __slots__ = ("_last_s", "burst", "rate_qps", "tokens")
+
+    def __init__(self, rate_qps: float, burst: float | None = None, now_s: float = 0.0) -> None:
+        if rate_qps <= 0.0:
+            raise ValueError("rate_qps must be > 0")
+        self.rate_qps = rate_qps
+        self.burst = max(1.0, burst if burst is not None else rate_qps)
+        self.tokens = self.burst
+        self._last_s = now_s
+
+    def _fill(self, now_s: float) -> None:
+        if now_s > self._last_s:
+            self.tokens = min(self.burst, self.tokens + (now_s - self._last_s) * self.rate_qps)
+            self._last_s = now_s
+
+    @property
+    def empty(self) -> bool:
+        """Out of tokens at the last call (the door then looks at this tenant's queries)."""
+        return self.tokens < 1.0
+
+    def wait_s(self, now_s: float) -> float:
+        """Seconds until a token is due (0.0: one is there), taking none."""
+        self._fill(now_s)
+        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate_qps
+
+    def take(self, now_s: float) -> float:
+        """Take a token: 0.0, or the seconds until one is due (the query is refused)."""
+        self._fill(now_s)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate_qps

@@ -3,11 +3,10 @@
 What is the service's, imported and called as it calls them (`POLICIES` names them, and a unit
 test checks they are the very objects the service imports):
 
-- selection: `VariantTable.select` / `.predict` over one `LiveState` per query, with the router's
-  admission around it (`Router.route`): feasible now → served; infeasible now but feasible on an
-  idle fleet → 429; infeasible even idle → 422; a cold variant is chosen only when nothing loaded
-  is feasible idle, and a cold one whose load outlasts the target → 429 while it loads; a load
-  hint loads the cheaper cold variant when the cluster has room;
+- admission and selection: `policy.verdict.admit` (the router's verdict: served, 429 busy or
+  cold, 422) over a `View` of the simulated state, with `VariantTable.select` / `.predict` inside
+  it; a cold refusal loads the variant, and a load hint loads the cheaper cold variant when the
+  cluster has room, as the router does;
 - batching: `policy.batching.decide` on every arrival, completion and timer, with the in-flight
   cap of the batcher (replicas × batches in flight per replica), the predicted finish of each
   batch sent and the wait at a busy replica (the batcher's own `InFlight`), requests whose
@@ -39,8 +38,10 @@ What is simulated (the worker model), and how it departs from the service:
 - `front_ends` front ends (`frontend_ms` of CPU per query each, a query to the one free first)
   share one set of batcher queues and one router view; the service's front ends keep their own
   queues, fast-path copies and overhead estimates.
-- Not modelled: memory budgets and LRU eviction, quarantine, the router's probes while refusing,
-  retries by clients. A removed replica's running batches still finish.
+- Not modelled: memory budgets and LRU eviction, quarantine, the router's probes while refusing
+  (the view's `probe_ready` is empty), the host's room for a spill (`room` None), the front end's
+  limit and tenants' shares (`standing` None), retries by clients. A removed replica's running
+  batches still finish.
 
 Modes: ``modelless`` (the above), ``static`` (each task's most accurate variant, pinned, with a
 fixed number of replicas, no autoscaler) and ``replicate-only`` (each tenant pinned to the
@@ -70,14 +71,17 @@ import numpy.typing as npt
 import infaas.policy.autoscaling as autoscaling_policy
 import infaas.policy.batching as batching_policy
 import infaas.policy.selection as selection_policy
-from infaas.autoscaler import DemandWindow, capacity_rows_per_s
+import infaas.policy.verdict as verdict_policy
 from infaas.metering import MeterRecord, cost_share_pusd
+from infaas.overhead import DEFAULT_OVERHEAD_MS
 from infaas.policy.autoscaling import Action, AutoscalingConfig, FleetSnapshot, ScalingState, VariantState
 from infaas.policy.batching import BatchParams
-from infaas.policy.selection import Choice, Infeasible, LiveState, VariantTable
-from infaas.router import DEFAULT_OVERHEAD_MS, cheapest_variants
+from infaas.policy.demand import DemandWindow, capacity_rows_per_s
+from infaas.policy.selection import Infeasible, LiveState, VariantTable
+from infaas.policy.verdict import Query, View
 from infaas.sim.traces import Trace
 from infaas.sim.zoo import Zoo
+from infaas.snapshot import cheapest_variants
 from infaas.types import SLO, Profile, Variant
 from infaas.workers.placement import decide_where
 
@@ -102,10 +106,12 @@ select_policy = selection_policy.VariantTable.select
 predict_policy = selection_policy.VariantTable.predict
 batch_policy = batching_policy.decide
 queue_delay_policy = batching_policy.predicted_queue_delay_ms
+admit_policy = verdict_policy.admit
 autoscale_policy = autoscaling_policy.decide
 POLICIES: dict[str, object] = {
     "selection.VariantTable.select": select_policy,
     "selection.VariantTable.predict": predict_policy,
+    "verdict.admit": admit_policy,
     "batching.decide": batch_policy,
     "batching.predicted_queue_delay_ms": queue_delay_policy,
     "autoscaling.decide": autoscale_policy,
@@ -611,11 +617,7 @@ class Simulation:
         heapq.heapreplace(self._fe_free, start_s + self.config.frontend_ms / 1000.0)
         waited_s = start_s - self.now_s
         live = LiveState(loaded, self._delays[task], self._overhead_ms + waited_s * 1000.0)
-        pinned = self._pinned.get(tenant)
-        if pinned is not None:
-            name = self._route_pinned(table, tenant, pinned, rows, slo, live)
-        else:
-            name = self._route(table, task, tenant, rows, slo, live)
+        name = self._route(table, task, tenant, rows, slo, live, self._pinned.get(tenant))
         if name is None:
             return
         if name == "":
@@ -635,49 +637,31 @@ class Simulation:
         self._pump(vq)
 
     def _route(
-        self, table: VariantTable, task: str, tenant: int, rows: int, slo: SLO, live: LiveState
+        self,
+        table: VariantTable,
+        task: str,
+        tenant: int,
+        rows: int,
+        slo: SLO,
+        live: LiveState,
+        pinned: str | None,
     ) -> str | None:
-        """`Router.route` for a task: the variant to queue on, "" for 422, None when refused."""
-        result = select_policy(table, rows, slo, live)
-        if isinstance(result, Infeasible):
-            idle = select_policy(table, rows, slo, self._idle_live(task))
-            if isinstance(idle, Infeasible):
-                return ""
-            self._refused(tenant, idle.variant, rows, slo)
-            return None
-        if result.load_hint is not None:
-            self._hint(result.load_hint, optional=True)
-        loaded = live.loaded
-        if result.variant not in loaded and loaded:
-            idle = select_policy(table, rows, slo, self._idle_live(task))
-            if isinstance(idle, Choice) and idle.variant in loaded:
-                self._refused(tenant, idle.variant, rows, slo)
-                return None
-        if result.variant not in loaded and result.predicted_latency_ms > slo.latency_ms:
-            self._hint(result.variant)
-            self._refused(tenant, result.variant, rows, slo)
-            return None
-        return result.variant
-
-    def _route_pinned(
-        self, table: VariantTable, tenant: int, name: str, rows: int, slo: SLO, live: LiveState
-    ) -> str | None:
-        """`Router._route_pinned`: served even when it cannot meet the target, unless only its
-        queue or its cold load is in the way (429)."""
-        decision = predict_policy(table, name, rows, live)
-        if decision is None:
+        """`Router.route`: the variant to queue on, "" for 422, None when refused, by the
+        service's own verdict (`policy.verdict.admit`) over the simulated view. The view holds no
+        probes (the router's probes while refusing are not modelled) and no host room (replicas
+        here hold their cores alone)."""
+        verdict = admit_policy(Query(rows, slo, 0.0, pinned), View(table, live, self._idle_live(task)))
+        choice = verdict.choice
+        if verdict.kind == "infeasible" or choice is None:
             return ""
-        if decision.predicted_latency_ms > slo.latency_ms:
-            idle_live = self._idle_live(self.zoo.tasks[self._vqs[name].variant.architecture])
-            idle = predict_policy(
-                table, name, rows, LiveState(idle_live.loaded | {name}, {}, idle_live.overhead_ms)
-            )
-            if idle is not None and idle.predicted_latency_ms <= slo.latency_ms:
-                if name not in live.loaded:
-                    self._hint(name)
-                self._refused(tenant, name, rows, slo)
-                return None
-        return name
+        if verdict.kind == "cold":
+            self._hint(choice.variant)
+        if not verdict.admitted:
+            self._refused(tenant, choice.variant, rows, slo)
+            return None
+        if choice.load_hint is not None:
+            self._hint(choice.load_hint, optional=True)
+        return choice.variant
 
     def _hint(self, name: str, optional: bool = False) -> None:
         """Load `name` unless it is loading or loaded; an optional load only when the free cores

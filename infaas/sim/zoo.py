@@ -146,8 +146,8 @@ def synthetic_zoo(tasks: int, variants_per_task: int, seed: int = 0, max_batch: 
 def from_store(data_dir: str) -> Zoo:
     """The variants of a data dir's store with the profiles usable on this machine, as the
     router's snapshot reads them (foreign and failed profiles left out)."""
-    from infaas.router import Snapshot
     from infaas.settings import Settings
+    from infaas.snapshot import Snapshot
     from infaas.store import open_store
 
     store = open_store(Settings(data_dir=data_dir))  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ from infaas.types import (
     Labels,
     MachineInfo,
     Profile,
+    Share,
     SkippedVariant,
     Targets,
     Task,
@@ -125,6 +126,9 @@ class MetadataStore(Protocol):
     def get_tenant(self, name: str) -> Tenant | None: ...
     def list_tenants(self) -> list[Tenant]: ...
     def revoke_tenant(self, name: str) -> None: ...
+    def set_share(self, name: str, share: Share) -> Tenant:
+        """Set an active tenant's share (weight, rate quota); the updated tenant."""
+        ...
 
     def add_usage(self, deltas: Sequence[UsageDelta], mark: UsageMark | None = None) -> bool:
         """Add integer counters atomically (all deltas or none). With a `mark` (source, seq), the
@@ -344,6 +348,14 @@ class DocumentStore(abc.ABC):
         digest = self.get_doc(TENANT_KEY, name)
         if digest is not None:
             self.delete_docs(KEY, digest, exact=True)
+
+    def set_share(self, name: str, share: Share) -> Tenant:
+        tenant = self.get_tenant(name)
+        if tenant is None or tenant.revoked:
+            raise TenantNotFound(f"no active tenant {name!r}", tenant=name)
+        updated = tenant.model_copy(update={"share": share})
+        self.put_docs([(TENANT, name, updated.model_dump_json())])
+        return updated
 
     def put_front_end(self, info: FrontEndInfo) -> None:
         self.put_docs([(FRONT_END, info.name, info.model_dump_json())])

@@ -78,10 +78,17 @@ class Batcher(Protocol):
     """Per-variant queues in the front end; batching parameters are per variant."""
 
     async def submit(
-        self, variant: Variant, profile: Profile, rows: np.ndarray, deadline_s: float
+        self,
+        variant: Variant,
+        profile: Profile,
+        rows: np.ndarray,
+        deadline_s: float,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> BatchResult:
         """Queue `rows` for `variant`; `deadline_s` (monotonic clock) is the request's SLO deadline, so
-        the batch is sent before waiting longer would break the tightest deadline in the queue."""
+        the batch is sent before waiting longer would break the tightest deadline in the queue.
+        Tenants share the queue in proportion to their `weight` (`policy.fairqueue`)."""
         ...
 
     async def warm(self, variant: Variant, profile: Profile) -> None:
@@ -89,8 +96,9 @@ class Batcher(Protocol):
         that the first query does not wait for the load."""
         ...
 
-    def queue_delay_ms(self, variant: str) -> float:
-        """Predicted wait a new request to `variant` would see now (the router adds it to latency)."""
+    def queue_delay_ms(self, variant: str, tenant: str = "") -> float:
+        """Predicted wait a new request of `tenant` to `variant` would see now (the router adds it
+        to latency): the rows fair queuing puts ahead of it."""
         ...
 
     def slowdown(self, variant: str) -> float:

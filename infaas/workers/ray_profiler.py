@@ -7,7 +7,7 @@ classes with a GPU). The task fetches the artifacts and the task's validation sp
 artifact store into its node's cache, measures there (a fresh process per variant, as on one
 machine), and returns the profiles; the front end stores them, one per variant and machine class.
 The router then predicts each variant with the profile of the class where its replica sits
-(`infaas.router.choose_profile`).
+(`infaas.snapshot.choose_profile`).
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from infaas.api import create_app
-from infaas.autoscaler import Autoscaler, DemandWindow, FleetCost, capacity_rows_per_s
+from infaas.autoscaler import Autoscaler, FleetCost
 from infaas.batching import ManualTimer
 from infaas.metering import MeterRecord
 from infaas.policy.autoscaling import AutoscalingConfig
+from infaas.policy.demand import DemandWindow, capacity_rows_per_s
 from infaas.settings import Settings
 from infaas.store import MemoryStore
 from infaas.types import Profile, Variant, VariantSpec

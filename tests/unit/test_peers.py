@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from infaas.autoscaler import DemandWindow
 from infaas.peers import Peers
+from infaas.policy.demand import DemandWindow
 from infaas.store import MemoryStore
 from tests.unit.test_autoscaler import record
 

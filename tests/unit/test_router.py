@@ -16,16 +16,9 @@ from infaas.errors import (
     TaskNotFound,
     Unavailable,
 )
-from infaas.router import (
-    DEFAULT_OVERHEAD_MS,
-    PROBE_INTERVAL_S,
-    Machines,
-    OverheadTracker,
-    Router,
-    Snapshot,
-    _quantile,
-    choose_profile,
-)
+from infaas.overhead import DEFAULT_OVERHEAD_MS, OverheadTracker, _quantile
+from infaas.router import PROBE_INTERVAL_S, Router
+from infaas.snapshot import Machines, Snapshot, choose_profile
 from infaas.store import MemoryStore
 from infaas.types import SLO, Labels, MachineInfo, Profile, Variant
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool

@@ -22,7 +22,8 @@ from infaas.errors import InvalidInput
 from infaas.peers import Peers
 from infaas.policy.versions import CanarySplit, version_states
 from infaas.routelog import RouteLog
-from infaas.router import Router, Snapshot
+from infaas.router import Router
+from infaas.snapshot import Snapshot
 from infaas.types import FleetEvent, VersionState, WorkerInfo
 from infaas.workers.base import Batcher, FleetSource
 

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from infaas.api.routes.protocol import Parsed, answer, read
 from infaas.dataplane import Answer, ModelRef, dataplane_of
 from infaas.errors import InvalidInput
-from infaas.router import Snapshot
+from infaas.snapshot import Snapshot
 from infaas.types import SLO, Task
 
 __all__ = ["DATATYPES", "router"]

@@ -12,10 +12,10 @@ from fastapi import APIRouter, Request, Response
 
 from infaas.api.auth import AdminPrincipal, KeyCache, new_api_key
 from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, error_responses
-from infaas.api.schemas import TenantCreate, TenantCreated, TenantOut
+from infaas.api.schemas import ShareIn, TenantCreate, TenantCreated, TenantOut
 from infaas.errors import Conflict, InvalidInput, PayloadTooLarge, TenantNotFound
 from infaas.store import MetadataStore
-from infaas.types import Tenant
+from infaas.types import Share, Tenant
 
 router = APIRouter(prefix="/v1/admin/tenants", tags=["admin"])
 
@@ -39,7 +39,28 @@ def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> Te
 
 @router.get("", dependencies=KEY_REQUIRED, responses=error_responses(*ADMIN_KEY))
 def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
-    return [TenantOut(**t.model_dump()) for t in _store(request).list_tenants()]
+    return [_out(t) for t in _store(request).list_tenants()]
+
+
+def _out(tenant: Tenant) -> TenantOut:
+    return TenantOut(**tenant.model_dump(exclude={"share"}), share=ShareIn(**tenant.share.model_dump()))
+
+
+@router.put(
+    "/{name}/share",
+    dependencies=KEY_REQUIRED,
+    responses=error_responses(InvalidInput, TenantNotFound, PayloadTooLarge, *ADMIN_KEY),
+)
+def set_share(name: str, body: ShareIn, request: Request, _: AdminPrincipal) -> TenantOut:
+    """Set a tenant's weight and optional rate quota. Its keys are dropped from this front end's
+    key cache, so its next query here carries the new share (other front ends: within the
+    cache's TTL)."""
+    if name == "admin":
+        raise InvalidInput("the admin key has no share: it is not a tenant", tenant=name)
+    tenant = _store(request).set_share(name, Share(**body.model_dump()))
+    cache: KeyCache = request.app.state.key_cache
+    cache.drop_tenant(name)
+    return _out(tenant)
 
 
 @router.delete(

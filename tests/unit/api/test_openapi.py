@@ -89,6 +89,7 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
         "GET /v1/admin/usage",
         "GET /v1/admin/tenants",
         "POST /v1/admin/tenants",
+        "PUT /v1/admin/tenants/{name}/share",
         "DELETE /v1/admin/tenants/{name}",
         "GET /v1/admin/fleet",
         "GET /metrics",

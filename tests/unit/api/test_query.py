@@ -368,7 +368,8 @@ def test_while_the_limit_on_queries_in_flight_is_full_the_door_refuses_before_th
     )
     headers = {"Authorization": f"Bearer {keys['t1']}"}
     held = 0
-    while dataplane.limit.try_admit():  # queries of other clients hold every slot
+    now_s = time.monotonic()
+    while dataplane.limit.try_admit("t1", 1.0, now_s):  # t1's other queries hold every slot
         held += 1
     assert dataplane.shedding()
     # not even read: a body the app would refuse as malformed gets the same 429
@@ -376,9 +377,15 @@ def test_while_the_limit_on_queries_in_flight_is_full_the_door_refuses_before_th
     assert refused.status_code == 429, refused.text
     body = refused.json()
     assert body["error"] == "overloaded" and body["at_door"] and body["in_flight"] == held
+    assert body["over_share"] and "over its share" in body["detail"]
     assert float(refused.headers["retry-after"]) > 0
+    # Another tenant holds none of the full limit: within its share, it is let through.
+    other = client._loop.run_until_complete(
+        gated.post("/v1/query", json=q(), headers={"Authorization": f"Bearer {keys['t2']}"})
+    )
+    assert other.status_code == 200, other.text
     for _ in range(held):
-        dataplane.limit.release(None, time.monotonic())
+        dataplane.limit.release(None, time.monotonic(), "t1")
     assert not dataplane.shedding()
     answered = client._loop.run_until_complete(gated.post("/v1/query", json=q(), headers=headers))
     assert answered.status_code == 200, answered.text

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infaas.policy.admission import ConcurrencyLimit, late_for_load
+from infaas.policy.admission import ConcurrencyLimit, RateQuota, late_for_load
 
 
 def test_a_late_answer_cuts_the_limit_and_the_cut_bounds_what_is_admitted() -> None:
@@ -104,3 +104,60 @@ def test_bad_parameters_are_refused() -> None:
         ConcurrencyLimit(initial=2, min_limit=8)
     with pytest.raises(ValueError):
         ConcurrencyLimit(backoff=1.0)
+
+
+# ---- shares of the limit and rate quotas -------------------------------------------------
+
+
+def test_a_tenant_within_its_share_is_admitted_when_a_neighbour_fills_the_limit() -> None:
+    limit = ConcurrencyLimit(initial=20, min_limit=4)
+    while limit.try_admit("noisy", 1.0, 0.0):
+        pass
+    assert limit.full and limit.held("noisy") == 20
+    assert limit.over_share("noisy", 1.0, 0.0)
+    assert not limit.over_share("quiet", 1.0, 0.0)
+    assert limit.try_admit("quiet", 1.0, 0.0)  # borrowed from the tenant over its share
+    assert not limit.try_admit("noisy", 1.0, 0.0)
+    limit.release(None, 0.1, "noisy")
+    assert not limit.try_admit("noisy", 1.0, 0.1)  # 20 + 1 in flight: still full
+    limit.release(None, 0.1, "quiet")
+    assert limit.try_admit("noisy", 1.0, 0.1)
+
+
+def test_shares_follow_the_weights_of_the_active_tenants() -> None:
+    limit = ConcurrencyLimit(initial=30, min_limit=4, active_s=1.0)
+    limit.try_admit("a", 2.0, 0.0)
+    limit.try_admit("b", 1.0, 0.0)
+    assert limit.share("a", 2.0, 0.0) == 20.0 and limit.share("b", 1.0, 0.0) == 10.0
+    limit.release(None, 0.5, "b")
+    assert limit.share("a", 2.0, 5.0) == 30.0  # b idle for longer than active_s: a has it all
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.booleans()), max_size=300),
+    st.integers(8, 64),
+)
+def test_the_total_stays_within_twice_the_limit_and_a_tenant_under_its_share_is_never_refused(
+    steps: list[tuple[str, bool]], initial: int
+) -> None:
+    limit = ConcurrencyLimit(initial=float(initial), min_limit=8.0)
+    for tenant, admit in steps:
+        if admit:
+            under = limit.held(tenant) < max(1, int(limit.share(tenant, 1.0, 0.0)))
+            took = limit.try_admit(tenant, 1.0, 0.0)
+            assert took or not under
+        elif limit.held(tenant):
+            limit.release(None, 0.0, tenant)
+        assert limit.in_flight <= 2 * int(limit.limit) + 3
+        assert limit.in_flight == sum(limit.held(t) for t in "abc")
+
+
+def test_a_rate_quota_is_a_token_bucket() -> None:
+    quota = RateQuota(10.0, burst=2.0, now_s=0.0)
+    assert quota.take(0.0) == 0.0 and quota.take(0.0) == 0.0
+    wait_s = quota.take(0.0)
+    assert wait_s == pytest.approx(0.1) and quota.empty
+    assert quota.wait_s(0.05) == pytest.approx(0.05)  # peeking takes nothing
+    assert quota.take(0.1) == 0.0
+    with pytest.raises(ValueError):
+        RateQuota(0.0)

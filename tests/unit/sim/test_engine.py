@@ -11,7 +11,9 @@ import infaas.batching
 import infaas.metering
 import infaas.policy.autoscaling
 import infaas.policy.batching
+import infaas.policy.demand
 import infaas.policy.selection
+import infaas.policy.verdict
 import infaas.router
 import infaas.workers.placement
 from infaas.policy.autoscaling import AutoscalingConfig
@@ -95,8 +97,16 @@ def test_the_simulator_runs_the_very_policy_functions_the_service_imports() -> N
     assert engine.autoscale_policy is infaas.policy.autoscaling.decide is infaas.autoscaler.decide
     assert engine.cost_share_pusd is infaas.metering.cost_share_pusd
     assert engine.VariantTable is infaas.router.VariantTable
-    assert engine.DemandWindow is infaas.autoscaler.DemandWindow
+    assert engine.DemandWindow is infaas.policy.demand.DemandWindow
+    assert (
+        engine.capacity_rows_per_s
+        is infaas.policy.demand.capacity_rows_per_s
+        is infaas.autoscaler.capacity_rows_per_s
+    )
+    assert engine.cheapest_variants is infaas.autoscaler.cheapest_variants is infaas.router.cheapest_variants
     assert engine.decide_where is infaas.workers.placement.decide_where
+    # one verdict: the router's admission is the simulator's
+    assert engine.admit_policy is infaas.policy.verdict.admit is infaas.router.admit
     assert set(engine.POLICIES.values()) >= {
         infaas.policy.selection.VariantTable.select,
         infaas.policy.batching.decide,
