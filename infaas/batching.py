@@ -24,7 +24,14 @@ from typing import Protocol
 import numpy as np
 
 from infaas.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from infaas.policy.batching import BatchParams, InFlight, decide, follow_slowdown, predicted_queue_delay_ms
+from infaas.policy.batching import (
+    BatchParams,
+    InFlight,
+    decide,
+    follow_slowdown,
+    predicted_queue_delay_ms,
+    quantum_rows,
+)
 from infaas.policy.fairqueue import FairQueue
 from infaas.types import Profile, Variant
 from infaas.workers.base import BatchResult, WorkerPool
@@ -34,6 +41,7 @@ __all__ = ["AsyncBatcher", "LoopTimer", "ManualTimer", "Timer", "TimerHandle"]
 
 _OVERHEAD_EWMA_ALPHA = 0.1
 _COMPUTE_BOUND_MS = 2.0  # a batch profiled at this or more measures the machine's slowdown
+_TENANT_ACTIVE_S = 1.0  # a tenant that queued on a variant this recently shares it
 
 
 def _plus(latency_ms: Callable[[int], float], wait_ms: float, rows: int) -> float:
@@ -133,6 +141,9 @@ class _VariantQueue:
     pump_scheduled: bool = False
 
     slowdown: float = 1.0  # measured run time ÷ profiled, for batches whose compute dominates
+    # Tenants that queued here lately: when each last did, and its latency budget then (ms). While
+    # several share the variant, batches are cut to a quantum of the tightest (`quantum_rows`).
+    tenants: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def latency_ms(self, rows: int) -> float:
         return self.profile.latency_ms(rows, "p99") * self.slowdown + self.overhead_ms
@@ -242,6 +253,8 @@ class AsyncBatcher:
                 queue = _VariantQueue(variant, profile, params, overhead_ms)
                 self._queues[variant.name] = queue
             queue.profile, queue.params = profile, params
+        now_s = self._timer.now_s()
+        queue.tenants[tenant] = (now_s, (deadline_s - now_s) * 1000.0)
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         queue.pending.push(
             _Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future), tenant, weight
@@ -266,15 +279,30 @@ class AsyncBatcher:
             queue.params = BatchParams(max_batch=queue.params.max_batch, max_in_flight=cap)
         return queue.params
 
+    def _shared_params(self, queue: _VariantQueue, now_s: float) -> BatchParams:
+        """`queue.params`, with batches cut to a quantum while several tenants share the variant
+        (`policy.batching.quantum_rows`): tenants seen in the last `_TENANT_ACTIVE_S`."""
+        tenants = queue.tenants
+        if len(tenants) < 2:
+            return queue.params
+        horizon_s = now_s - _TENANT_ACTIVE_S
+        for gone in [t for t, (seen_s, _) in tenants.items() if seen_s < horizon_s]:
+            del tenants[gone]
+        rows = quantum_rows(queue.latency_ms, queue.params.max_batch, [b for _, b in tenants.values()])
+        if rows >= queue.params.max_batch:
+            return queue.params
+        return BatchParams(max_batch=rows, max_in_flight=queue.params.max_in_flight)
+
     def _pump(self, queue: _VariantQueue) -> None:
         self._in_flight_cap(queue)
+        params = self._shared_params(queue, self._timer.now_s())
         while True:
             while queue.pending and queue.pending[0].future.done():
                 queue.pop()  # cancelled by its caller (client gone)
             now_s = self._timer.now_s()
             wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
-            decision = decide(queue.pending.items, latency, queue.params, len(queue.in_flight), now_s)
+            decision = decide(queue.pending.items, latency, params, len(queue.in_flight), now_s)
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
                 return
@@ -401,7 +429,7 @@ class AsyncBatcher:
             queue.pending.rows_ahead(tenant),
             remaining_ms,
             queue.latency_ms,
-            queue.params,
+            self._shared_params(queue, now_s),
             servers=queue.servers,
         )
 

@@ -165,6 +165,7 @@ class _Slot:
 
     taken: bool = False
     late: bool | None = None
+    crowded: bool = False  # admitted with half the limit in use, or queued behind other queries
 
 
 class DataPlane:
@@ -362,7 +363,7 @@ class DataPlane:
             return await self._infer(principal, req, slot)
         finally:  # on every path, a failed charge or a cancelled client included: a slot kept is lost
             if slot.taken:
-                self.limit.release(slot.late, time.monotonic(), principal.name)
+                self.limit.release(slot.late, time.monotonic(), principal.name, slot.crowded)
 
     async def _infer(self, principal: Principal, req: InferenceRequest, slot: _Slot) -> Answer:
         received_s = req.received_s
@@ -388,6 +389,7 @@ class DataPlane:
                 raise self._over_share(principal, routed_s, min(1.0, slo.latency_ms / 1000.0))
             if quota is not None:
                 quota.take(routed_s)
+            slot.crowded = self.limit.crowded
             self.limit.take(tenant, weight, routed_s)
             slot.taken = True
             try:
@@ -413,7 +415,10 @@ class DataPlane:
                 raise
             self.door(principal.name).observe(False, routed_s, loop_busy=self.loop_watch.busy(routed_s))
             variant_name = routed.variant.name
-            # From here a failure (a 504, a worker lost) is an answer not in time.
+            # From here a failure (a 504, a worker lost) is an answer not in time. It says the
+            # front end holds too many queries if the query waits behind others, or found the
+            # front end crowded (`ConcurrencyLimit.release`).
+            slot.crowded = slot.crowded or routed.queued_ms > 0.0
             slot.late = late_for_load(math.inf, slo.latency_ms, routed.decision.predicted_latency_ms)
             result = await self._batcher.submit(
                 routed.variant,

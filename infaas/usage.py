@@ -30,6 +30,7 @@ from infaas.types import (
     COUNTER_SLO_MET,
     COUNTER_SLO_MISSED,
     LATENCY_BUCKETS_MS,
+    Share,
     UsageRecord,
     latency_bucket_counter,
     pusd_to_usd,
@@ -113,6 +114,7 @@ class VariantUsage(_Out):
 
 class TenantUsage(_Out):
     tenant: str
+    share: Share | None = None  # its weight and rate quota (admin settings), where known
     totals: UsageStats
     series: tuple[SeriesPoint, ...]
     by_task: tuple[TaskUsage, ...]
@@ -307,7 +309,10 @@ def _by_variant(sums: Mapping[tuple[str, str], _Sum]) -> tuple[VariantUsage, ...
 
 
 def build_report(
-    rows: Iterable[UsageRecord], window: UsageWindow, tenants: Iterable[str] = ()
+    rows: Iterable[UsageRecord],
+    window: UsageWindow,
+    tenants: Iterable[str] = (),
+    shares: Mapping[str, Share] | None = None,
 ) -> UsageReport:
     """Totals, per-tenant time series and breakdowns of the rows inside `window`.
 
@@ -350,6 +355,7 @@ def build_report(
         tenant_reports.append(
             TenantUsage(
                 tenant=name,
+                share=(shares or {}).get(name),
                 totals=per_tenant[name].stats(),
                 series=points,
                 by_task=by_task,

@@ -425,8 +425,8 @@ class _ClosedLoopConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
-        for status, body, _ in take_replies(self._buf):
-            self._window.answered(status, body)
+        for reply in take_replies(self._buf):
+            self._window.answered(reply.status, reply.body)
             if time.perf_counter() < self._window.stop_s:
                 assert self._transport is not None
                 self._transport.write(self._request)

@@ -185,7 +185,7 @@ def create_app(
         batcher.on_outcome = lambda variant, error: the_router.report(variant, error, time.monotonic())
         the_router.refresh()
         the_router.start()
-        the_router.warm_up()
+        the_router.warmer.warm_up()
         # Replicates, upgrades, downgrades and unloads from the demand the meter sees; on a shared
         # fleet, from every front end's, and only while this one holds the autoscaler lease.
         demand = DemandWindow()
@@ -238,7 +238,7 @@ def create_app(
         app.state.peers = peers
         if settings.autoscale_interval_s > 0:
             if settings.autoscale:
-                the_router.load_gate = autoscaler.admit_load
+                the_router.warmer.load_gate = autoscaler.admit_load
             autoscaler.start()
         flusher = MeterFlusher(meter, settings.usage_flush_interval_s)
         flusher.start()
@@ -260,7 +260,9 @@ def create_app(
         pool_health: Callable[[], str | None] = getattr(the_pool, "health", lambda: None)
         app.state.readiness_checks.update(
             workers=lambda: pool_health() or True,
-            warm_up=lambda: the_router.warming_up == 0 or f"{the_router.warming_up} variant(s) loading",
+            warm_up=lambda: (
+                the_router.warmer.warming_up == 0 or f"{the_router.warmer.warming_up} variant(s) loading"
+            ),
         )
         watch = app.state.dataplane.loop_watch
 

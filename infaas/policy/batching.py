@@ -34,6 +34,7 @@ __all__ = [
     "decide",
     "follow_slowdown",
     "predicted_queue_delay_ms",
+    "quantum_rows",
 ]
 
 LatencyFn = Callable[[int], float]
@@ -251,3 +252,32 @@ class InFlight:
     def remaining_ms(self, now_s: float) -> list[float]:
         """Predicted milliseconds left of each batch in flight."""
         return [(f - now_s) * 1000.0 for f in self.finish_s.values()]
+
+
+QUANTUM_SHARE = 0.25
+"""A shared variant's batch runs for at most this share of the tightest target among the tenants
+that use it (`quantum_rows`)."""
+
+
+def quantum_rows(latency_ms: LatencyFn, max_batch: int, budgets_ms: Sequence[float]) -> int:
+    """Rows per batch while several tenants share a variant: the most whose predicted run fits
+    `QUANTUM_SHARE` of the tightest budget in `budgets_ms` (each active tenant's latency target),
+    at least 1; `max_batch` for one tenant or none.
+
+    A batch is not preempted. A tenant whose query arrives while a neighbour's backlog runs waits
+    for the batches in flight (up to two per replica) and then runs in a batch of its own, so it
+    meets a target only if a batch takes well under a third of it; left to the deadline rule
+    alone, a flooding tenant's 60 ms queries made 40-50 ms batches, and a quiet tenant beside it
+    waited past its 60 ms (issue 32, `scripts/bench_fairness`). One tenant keeps the variant's
+    whole batch: its own batches delay only itself, and admission prices them."""
+    if len(budgets_ms) < 2:
+        return max_batch
+    quantum_ms = QUANTUM_SHARE * min(budgets_ms)
+    lo, hi = 1, max_batch
+    while lo < hi:  # the largest rows whose run fits the quantum (latency grows with rows)
+        mid = (lo + hi + 1) // 2
+        if latency_ms(mid) <= quantum_ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

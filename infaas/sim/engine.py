@@ -595,7 +595,7 @@ class Simulation:
     def _idle_live(self, task: str) -> LiveState:
         live = self._idle.get(task)
         if live is None:
-            # As `Router._idle`: no queues, the path's overhead at most its prior.
+            # As `liveview.idle`: no queues, the path's overhead at most its prior.
             live = LiveState(
                 loaded=self._loaded[task], overhead_ms=min(self._overhead_ms, DEFAULT_OVERHEAD_MS)
             )

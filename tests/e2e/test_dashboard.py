@@ -63,6 +63,9 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (.ci/run does)")
     with zoo_server(small_zoo, tmp_path) as server, sync_playwright() as pw:
         keys = {"acme": server.new_tenant("acme"), "beta": server.new_tenant("beta")}
+        with server.client(server.admin_key) as admin:  # beta's share: shown beside its usage
+            r = admin.put("/v1/admin/tenants/beta/share", json={"weight": 2.5, "rate_qps": 400})
+            assert r.status_code == 200 and r.json()["share"]["weight"] == 2.5, r.text
         sent = send_traffic(server, keys, {"acme": 12, "beta": 5})
         report = wait_for_usage(server, expected_queries=17)
         assert {t["tenant"]: t["totals"]["queries"] for t in report["tenants"]} == sent.queries
@@ -85,6 +88,11 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
             page.wait_for_selector("#tenants-table tbody tr[data-tenant='beta']")
             assert_table_matches(table_rows(page), fetch_usage(server))
             assert page.evaluate("sessionStorage.getItem('infaas.adminKey')") == server.admin_key
+            share = page.locator("#tenants-table tr[data-tenant='beta'] td.share")
+            assert share.get_attribute("data-weight") == "2.5" and "400/s" in share.inner_text()
+            assert [
+                t["share"]["weight"] for t in fetch_usage(server)["tenants"] if t["tenant"] == "beta"
+            ] == [2.5]
 
             # The charts and the fleet view are drawn from the same data.
             assert page.locator("#cost-chart svg rect[data-tenant='acme']").count() >= 1

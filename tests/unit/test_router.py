@@ -16,8 +16,9 @@ from infaas.errors import (
     TaskNotFound,
     Unavailable,
 )
+from infaas.liveview import PROBE_INTERVAL_S
 from infaas.overhead import DEFAULT_OVERHEAD_MS, OverheadTracker, _quantile
-from infaas.router import PROBE_INTERVAL_S, Router
+from infaas.router import Router
 from infaas.snapshot import Machines, Snapshot, choose_profile
 from infaas.store import MemoryStore
 from infaas.types import SLO, Labels, MachineInfo, Profile, Variant
@@ -118,10 +119,10 @@ def test_router_sees_registrations_and_learns_from_answers() -> None:
         await pool.ensure_loaded(routed.variant)
         warm = router.route("t", 1, slo, now_s=6.0)
         assert not warm.cold and warm.expected_ms == pytest.approx(1.5)
-        assert router.overhead_ms("onnxruntime") == DEFAULT_OVERHEAD_MS
+        assert router.live.overhead_ms("onnxruntime") == DEFAULT_OVERHEAD_MS
         router.observe(warm, latency_ms=2.0, now_s=7.0)
         router.observe(routed, latency_ms=500.0, now_s=7.0)  # a cold answer says nothing about the path
-        assert router.overheads["onnxruntime"].samples == 1
+        assert router.live.overheads["onnxruntime"].samples == 1
         await router.close()
         await pool.close()
 
@@ -212,9 +213,9 @@ def test_warm_up_loads_the_cheapest_variant_of_each_architecture_where_it_will_r
         placement = Placement(pool, local)
         router = Router(store, placement, AsyncBatcher(placement), machine=MACHINE)
         router.refresh()
-        asked = router.warm_up()
+        asked = router.warmer.warm_up()
         assert asked == ["fast/onnx-cpu-fp32-t1", "slow/onnx-cpu-fp32-t1"]
-        await asyncio.gather(*router._tasks)
+        await asyncio.gather(*router.warmer._tasks)
         assert local.is_loaded("fast/onnx-cpu-fp32-t1") and not pool.is_loaded("fast/onnx-cpu-fp32-t1")
         assert pool.is_loaded("slow/onnx-cpu-fp32-t1") and not local.is_loaded("slow/onnx-cpu-fp32-t1")
         assert not pool.is_loaded("slow/onnx-cpu-fp32-t2") and not local.is_loaded("fast/onnx-cpu-fp32-t2")
@@ -295,8 +296,8 @@ def test_busy_is_429_impossible_is_422_and_a_cold_load_past_the_deadline_is_429(
             router.route("t", 1, slo, now_s=2.0)
         assert busy.value.fields["retry_after_s"] > 0.01
         # no probe while work is queued or running: its answers will teach the estimate
-        router.overheads["onnxruntime"] = OverheadTracker(min_samples=1, refresh_every=1, prior_ms=0.0)
-        router.overheads["onnxruntime"].observe(100.0, now_s=2.0)  # answers 100 ms late
+        router.live.overheads["onnxruntime"] = OverheadTracker(min_samples=1, refresh_every=1, prior_ms=0.0)
+        router.live.overheads["onnxruntime"].observe(100.0, now_s=2.0)  # answers 100 ms late
         with pytest.raises(Overloaded):
             router.route("t", 1, slo, now_s=2.0 + PROBE_INTERVAL_S)
         pool.release(2)
@@ -397,8 +398,8 @@ def test_a_busy_loaded_variant_is_refused_not_swapped_for_a_cold_one() -> None:
         assert not pool.is_loaded(pricey.name)
         # the gate: a cheaper variant hinted while a pricier one serves loads only if it admits it
         asked: list[str] = []
-        router.load_gate = lambda v: asked.append(v.name) is not None  # refuses, and records
-        assert router._hint(pricey.name, optional=True) is None and asked == [pricey.name]
+        router.warmer.load_gate = lambda v: asked.append(v.name) is not None  # refuses, and records
+        assert router.warmer.hint(pricey.name, optional=True) is None and asked == [pricey.name]
         pool.release(4)
         await asyncio.gather(*waiting)
         await router.close()
@@ -427,7 +428,7 @@ def test_an_idle_variant_takes_a_busy_ones_spill_only_where_a_core_is_free_for_e
         waiting = [asyncio.create_task(batcher.submit(cheap, cheap_profile, rows, 1e12)) for _ in range(4)]
         for _ in range(10):
             await asyncio.sleep(0)
-        hinted = router._hint(pricey.name, optional=True)
+        hinted = router.warmer.hint(pricey.name, optional=True)
         await (hinted if hinted is not None else pool.ensure_loaded(pricey))
         try:
             chosen = router.route("t", 1, slo, now_s=1.0).variant.name

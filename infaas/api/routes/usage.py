@@ -47,10 +47,14 @@ def usage_report(
     window = resolve_window(now_s, from_text, to_text, step_text)
     rows = store.usage(tenant=tenant, from_minute=window.from_minute, to_minute=window.to_minute)
     if tenant is not None:
+        found = store.get_tenant(tenant)
         listed: list[str] = [tenant]
+        shares = {tenant: found.share} if found is not None else {}
     else:
-        listed = [t.name for t in store.list_tenants() if t.role == "tenant" and not t.revoked]
-    return build_report(rows, window, tenants=listed)
+        active = [t for t in store.list_tenants() if not t.revoked]
+        listed = [t.name for t in active if t.role == "tenant"]
+        shares = {t.name: t.share for t in active}
+    return build_report(rows, window, tenants=listed, shares=shares)
 
 
 def _store(request: Request) -> MetadataStore:

@@ -203,6 +203,10 @@
       const s = t.totals;
       const tr = el("tr", { "data-tenant": t.tenant });
       tr.appendChild(el("td", { class: "tenant" }, t.tenant));
+      const share = t.share || { weight: 1, rate_qps: null };
+      tr.appendChild(el("td", { class: "num share", "data-weight": share.weight,
+        title: "weight against the other tenants under contention; quota in queries/s" },
+        share.rate_qps == null ? `${share.weight}` : `${share.weight} · ≤${share.rate_qps}/s`));
       tr.appendChild(el("td", { class: "num queries", "data-queries": s.queries }, s.queries));
       tr.appendChild(el("td", { class: "num cost", "data-cost-usd": s.cost_usd, title: s.cost_usd + " USD" },
         fmtUsd(s.cost_usd)));
@@ -214,7 +218,7 @@
       tr.appendChild(el("td", { class: "num p99" }, fmtMs(s.p99_ms)));
       tbody.appendChild(tr);
     }
-    if (report.tenants.length === 0) emptyRow(tbody, 10, "no tenants yet");
+    if (report.tenants.length === 0) emptyRow(tbody, 11, "no tenants yet");
     const s = report.totals;
     totalsBox($("totals"), [["queries", s.queries], ["cost", fmtUsd(s.cost_usd)],
       ["refused", s.refused], ["failed", s.failed],

@@ -95,6 +95,12 @@ class AppClient:
     def delete(self, url: str, **kw: Any) -> httpx.Response:
         return self._loop.run_until_complete(self._client.delete(url, **kw))
 
+    def put(self, url: str, **kw: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.put(url, **kw))
+
+    def get(self, url: str, **kw: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.get(url, **kw))
+
     def __enter__(self) -> AppClient:
         return self
 
@@ -392,3 +398,40 @@ def test_while_the_limit_on_queries_in_flight_is_full_the_door_refuses_before_th
     client._loop.run_until_complete(gated.aclose())
     client.app.state.meter.flush()
     assert sum(r.counters.get(COUNTER_REFUSED, 0) for r in store.usage(tenant="t1")) == 1
+
+
+def test_an_admin_sets_a_share_and_a_tenant_over_its_rate_quota_gets_429s_that_say_so(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    client, store, keys = api
+    admin = {"Authorization": "Bearer admin-key"}
+    assert post(client, keys["t1"], q())[0] == 200  # the key is cached with the default share
+    r = client.put(
+        "/v1/admin/tenants/t1/share", json={"weight": 3, "rate_qps": 0.5, "burst": 2}, headers=admin
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["share"] == {"weight": 3.0, "rate_qps": 0.5, "burst": 2.0}
+    assert store.get_tenant("t1").share.weight == 3.0  # type: ignore[union-attr]
+    # The share reaches this front end's next query at once (the key cache forgot the key).
+    statuses = [post(client, keys["t1"], q()) for _ in range(3)]
+    assert [s for s, _ in statuses] == [200, 200, 429], statuses
+    refused = statuses[2][1]
+    assert (
+        refused["error"] == "overloaded" and refused["over_share"] and "rate quota" in str(refused["detail"])
+    )
+    assert post(client, keys["t2"], q())[0] == 200  # another tenant's quota is its own
+    listed = client.get("/v1/admin/tenants", headers=admin).json()
+    assert {t["name"]: t["share"]["weight"] for t in listed} == {"t1": 3.0, "t2": 1.0}
+    # Bad input: a clear 4xx, nothing stored.
+    for body, status in (({"weight": 0}, 400), ({"weight": 1, "rate_qps": -1}, 400), ({"wait": 1}, 400)):
+        r = client.put("/v1/admin/tenants/t2/share", json=body, headers=admin)
+        assert r.status_code == status and r.json()["error"] == "invalid_input", (body, r.text)
+    assert client.put("/v1/admin/tenants/nobody/share", json={}, headers=admin).status_code == 404
+    assert client.put("/v1/admin/tenants/admin/share", json={}, headers=admin).status_code == 400
+    assert (
+        client.put(
+            "/v1/admin/tenants/t2/share", json={}, headers={"Authorization": f"Bearer {keys['t1']}"}
+        ).status_code
+        == 403
+    )
+    assert store.get_tenant("t2").share.weight == 1.0  # type: ignore[union-attr]

@@ -161,3 +161,15 @@ def test_a_rate_quota_is_a_token_bucket() -> None:
     assert quota.take(0.1) == 0.0
     with pytest.raises(ValueError):
         RateQuota(0.0)
+
+
+def test_a_late_answer_admitted_into_an_uncrowded_front_end_does_not_cut_the_limit() -> None:
+    limit = ConcurrencyLimit(initial=64, backoff=0.5, cooldown_s=0.0)
+    assert limit.try_admit() and not limit.crowded
+    limit.release(True, 1.0, crowded=False)  # one query in flight, answered late: the host, not the load
+    assert limit.limit == 64
+    for _ in range(32):
+        limit.try_admit()
+    assert limit.crowded
+    limit.release(True, 2.0, crowded=True)
+    assert limit.limit == 32

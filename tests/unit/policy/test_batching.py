@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infaas.policy.batching import BatchParams, InFlight, decide, follow_slowdown, predicted_queue_delay_ms
+from infaas.policy.batching import (
+    QUANTUM_SHARE,
+    BatchParams,
+    InFlight,
+    decide,
+    follow_slowdown,
+    predicted_queue_delay_ms,
+    quantum_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -214,3 +222,18 @@ def test_the_slowdown_stays_between_what_it_saw_and_within_bounds(start: float, 
         seen = min(max(ratio, 0.5), 20.0)
         assert min(before, seen) - 1e-9 <= estimate <= max(before, seen) + 1e-9
         assert 0.5 <= estimate <= 20.0
+
+
+@given(st.floats(0.1, 5.0), st.floats(0.01, 2.0), st.lists(st.floats(1.0, 500.0), min_size=2, max_size=5))
+def test_a_shared_variants_batch_fits_a_quantum_of_the_tightest_target(
+    base_ms: float, per_row_ms: float, budgets_ms: list[float]
+) -> None:
+    def latency(rows: int) -> float:
+        return base_ms + per_row_ms * rows
+
+    rows = quantum_rows(latency, 128, budgets_ms)
+    assert 1 <= rows <= 128
+    quantum_ms = QUANTUM_SHARE * min(budgets_ms)
+    assert rows == 1 or latency(rows) <= quantum_ms  # fits
+    assert rows == 128 or latency(rows + 1) > quantum_ms  # and is the most that fits
+    assert quantum_rows(latency, 128, budgets_ms[:1]) == 128  # one tenant keeps the whole batch

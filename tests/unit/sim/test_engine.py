@@ -15,6 +15,7 @@ import infaas.policy.demand
 import infaas.policy.selection
 import infaas.policy.verdict
 import infaas.router
+import infaas.warmup
 import infaas.workers.placement
 from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.sim import engine
@@ -103,7 +104,7 @@ def test_the_simulator_runs_the_very_policy_functions_the_service_imports() -> N
         is infaas.policy.demand.capacity_rows_per_s
         is infaas.autoscaler.capacity_rows_per_s
     )
-    assert engine.cheapest_variants is infaas.autoscaler.cheapest_variants is infaas.router.cheapest_variants
+    assert engine.cheapest_variants is infaas.autoscaler.cheapest_variants is infaas.warmup.cheapest_variants
     assert engine.decide_where is infaas.workers.placement.decide_where
     # one verdict: the router's admission is the simulator's
     assert engine.admit_policy is infaas.policy.verdict.admit is infaas.router.admit

@@ -1,0 +1,180 @@
+"""The live half of admission's view (`policy.verdict.View`), gathered once per query from the
+worker pool and the batcher: which variants are loaded, each one's queueing delay for this
+tenant's query, the path's measured overhead (`infaas.overhead`), the slowdown its batches
+measure, which variants are due a probe, and the host's room for a spill. The router owns the
+snapshot of variants and profiles and passes it in; this module owns the overhead estimates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from infaas.overhead import DEFAULT_OVERHEAD_MS, OverheadTracker
+from infaas.policy.selection import LiveState, VariantTable
+from infaas.policy.verdict import Room, View
+from infaas.snapshot import Catalog
+from infaas.types import Profile, Variant
+from infaas.workers.base import Batcher
+from infaas.workers.placement import Placement
+
+__all__ = ["PROBE_INTERVAL_S", "LiveView", "idle"]
+
+PROBE_INTERVAL_S = 0.02
+"""While queries are refused as overloaded and the variant is idle, one per this interval is
+served anyway (a probe): its answer is what lets the overhead estimate see a stall is over."""
+
+
+def idle(live: LiveState) -> LiveState:
+    """`live` on an idle fleet: no queues, and the path's overhead at its prior (the hop alone).
+    The measured overhead is not used: under overload it holds the waits beyond prediction that
+    overload causes, and judged with it every target would look impossible (422, or, for a
+    pinned variant, served regardless: a queue that grows until requests expire)."""
+    return LiveState(loaded=live.loaded, overhead_ms=min(live.overhead_ms, DEFAULT_OVERHEAD_MS))
+
+
+@dataclass
+class _LoadedCache:
+    at_s: float
+    names: frozenset[str] = field(default_factory=frozenset)
+
+
+class LiveView:
+    """See the module docstring. `replica_cores`: where the replicas share this host's cores (a
+    local Ray), how many of them the front end leaves to replicas (`policy.verdict.room_for`);
+    None: they run elsewhere, not counted."""
+
+    def __init__(
+        self,
+        pool: Placement,
+        batcher: Batcher,
+        *,
+        overhead_factory: Callable[[], OverheadTracker] = OverheadTracker,
+        loaded_ttl_s: float = 0.02,
+        replica_cores: float | None = None,
+    ) -> None:
+        self._pool = pool
+        self._batcher = batcher
+        # One estimate per path (`Placement.overhead_key`: the front end's, or a Ray runtime
+        # family's): one global figure would price every variant at the worst path's.
+        self._overhead_factory = overhead_factory
+        self.overheads: dict[str, OverheadTracker] = {}
+        self._loaded_ttl_s = loaded_ttl_s
+        self._loaded: dict[int, _LoadedCache] = {}
+        self._replica_cores = replica_cores
+
+    # ---- the path's overhead ----------------------------------------------------------------
+    def overhead_ms(self, key: str, now_s: float | None = None) -> float:
+        """The measured overhead of one path (`Placement.overhead_key`; the prior until measured),
+        refreshed first when stale if `now_s` is given."""
+        tracker = self.overheads.get(key)
+        if tracker is None:
+            return DEFAULT_OVERHEAD_MS
+        return tracker.current(now_s) if now_s is not None else tracker.value_ms
+
+    def path_ms(self, variant: Variant) -> float:
+        return self.overhead_ms(self._pool.overhead_key(variant))
+
+    def observe(self, variant: Variant, residual_ms: float, now_s: float) -> None:
+        """An answer of `variant` came `residual_ms` after its prediction."""
+        key = self._pool.overhead_key(variant)
+        tracker = self.overheads.get(key)
+        if tracker is None:
+            tracker = self.overheads[key] = self._overhead_factory()
+        tracker.observe(residual_ms, now_s)
+
+    def refresh(self, now_s: float) -> None:
+        """Refresh every estimate: one whose answers all aged out comes back towards its prior."""
+        for tracker in self.overheads.values():
+            tracker.refresh(now_s)
+
+    def probed(self, variant: Variant, now_s: float) -> None:
+        """A probe of `variant`'s path was admitted now: the next is `PROBE_INTERVAL_S` away."""
+        self.overheads[self._pool.overhead_key(variant)].last_s = now_s
+
+    # ---- loaded variants ----------------------------------------------------------------------
+    def loaded(self, table: VariantTable, now_s: float) -> frozenset[str]:
+        cached = self._loaded.get(id(table))
+        if cached is None or now_s - cached.at_s > self._loaded_ttl_s:
+            names = frozenset(n for n in table.variants if self._pool.is_loaded(n))
+            cached = self._loaded[id(table)] = _LoadedCache(at_s=now_s, names=names)
+        return cached.names
+
+    def forget_loaded(self) -> None:
+        """A load, an unload or a new snapshot: read what is loaded again on the next query."""
+        self._loaded.clear()
+
+    # ---- the view -----------------------------------------------------------------------------
+    def live(
+        self,
+        table: VariantTable,
+        variants: Catalog,
+        now_s: float,
+        rows: int,
+        tenant: str = "",
+        probes: set[str] | None = None,
+    ) -> tuple[LiveState, dict[str, float]]:
+        """Loaded variants, and per live variant the delay a query of `rows` rows of `tenant`
+        would see beyond its profile: its queueing delay (fair queuing: the rows ahead of this
+        tenant's query), how much its path's overhead exceeds the smallest (the policy adds that
+        smallest to every variant), and its own run's share of the slowdown measured on its
+        batches; and the batcher's queueing delays by variant (asking the batcher twice per query
+        showed in profiles). Adds to `probes` the live variants whose path is due a probe."""
+        loaded = self.loaded(table, now_s)
+        base_ms = min((t.current(now_s) for t in self.overheads.values()), default=DEFAULT_OVERHEAD_MS)
+        delays: dict[str, float] = {}
+        queue_ms: dict[str, float] = {}
+        for name in loaded.union(self._batcher.queue_depths()):
+            if name in table:
+                variant, profile = variants[name]
+                key = self._pool.overhead_key(variant)
+                extra_ms = self.overhead_ms(key, now_s) - base_ms
+                queue_ms[name] = self._batcher.queue_delay_ms(name, tenant)
+                delay = queue_ms[name] + extra_ms + self.slower_ms(name, profile, rows)
+                if delay > 0.0:
+                    delays[name] = delay
+                if probes is not None:
+                    tracker = self.overheads.get(key)
+                    if tracker is not None and now_s - tracker.last_s >= PROBE_INTERVAL_S:
+                        probes.add(name)
+        return LiveState(loaded=loaded, queue_delay_ms=delays, overhead_ms=base_ms), queue_ms
+
+    def slower_ms(self, name: str, profile: Profile | None, rows: int) -> float:
+        """How much longer than its profile a run of `rows` rows on `name` is predicted to take,
+        by the slowdown its recent batches measured (0 until they measure one): the queue's
+        prediction already counts it, and leaving it out of the query's own run admitted queries
+        of a compute-bound model that a busy machine then answered late."""
+        factor = self._batcher.slowdown(name)
+        if factor <= 1.0 or profile is None:
+            return 0.0
+        return profile.latency_ms(rows, "p99") * (factor - 1.0)
+
+    def view(
+        self, table: VariantTable, variants: Catalog, now_s: float, rows: int, tenant: str
+    ) -> tuple[View, dict[str, float]]:
+        """What `policy.verdict.admit` reads, gathered once per query, and the queueing delays."""
+        probes: set[str] = set()
+        live, queue_ms = self.live(table, variants, now_s, rows, tenant, probes)
+        running = self._batcher.in_flight()
+        view = View(
+            table=table,
+            live=live,
+            idle=idle(live),
+            queued=frozenset(name for name, ms in queue_ms.items() if ms > 0.0),
+            running=running,
+            probe_ready=frozenset(probes),
+            room=self.room(variants, running, live.loaded),
+        )
+        return view, queue_ms
+
+    def room(self, variants: Catalog, running: Mapping[str, int], loaded: frozenset[str]) -> Room | None:
+        """This host's cores left to replicas and what the replicas that matter hold: None where
+        replicas run elsewhere, or nothing runs (there is nothing to slow down)."""
+        if self._replica_cores is None or not running:
+            return None
+        names = [n for n in loaded.union(running) if n in variants]
+        return Room(
+            cores=self._replica_cores,
+            holds={n: variants[n][0].spec.holds[0] for n in names},
+            replicas={n: self._pool.replicas(n) for n in names},
+            remote=frozenset(n for n in names if self._pool.path(n) == "remote"),
+        )

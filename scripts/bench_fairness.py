@@ -1,0 +1,86 @@
+"""Noisy-neighbour benchmark of the real service (issue 32), several runs in a row.
+
+`infaas serve` runs on a copy of a data dir holding the built-in zoo (default ~/.infaas, made by
+`infaas zoo install` or `scripts/demo`), one front end, local Ray. Two tenants query the same
+architecture (default `digits-resnet`) with the same targets (60 ms, 1 row); the noisy one
+offers `--overload` × what its queries sustain back to back (measured just before each run),
+the quiet one 20 q/s, for `--seconds` (`tests/integration/neighbours.py`).
+
+Passes when, in every run, the quiet tenant has >= 99 % of its queries answered in SLO and
+no 429, and the noisy one nothing but 200 and 429 (every 429 with Retry-After).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from infaas.settings import Settings
+from tests import tiny_models
+from tests.integration.conftest import serve_process
+from tests.integration.neighbours import noisy_neighbour
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, default=Path.home() / ".infaas", help="holds the zoo (copied)")
+    ap.add_argument("--architecture", default="digits-resnet")
+    ap.add_argument("--target-ms", type=float, default=60.0)
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--overload", type=float, default=10.0)
+    ap.add_argument("--quiet-rate", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    if not (args.data_dir / "infaas.db").exists():
+        print(f"error: no zoo in {args.data_dir}: run `infaas zoo install` (or scripts/demo) first", file=sys.stderr)
+        return 2
+    x, _ = tiny_models.digits(200)
+    body = {
+        "task": "digits-classification",
+        "architecture": args.architecture,
+        "inputs": [row.tolist() for row in x[: args.rows]],
+        "latency_ms": args.target_ms,
+    }
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp, serve_process(Settings(data_dir=args.data_dir), Path(tmp)) as served:
+        quiet_key = served.new_tenant("quiet")
+        noisy_key = served.new_tenant("noisy")
+        url = f"{served.url}/v1/query"
+        for i in range(args.runs):
+            run = noisy_neighbour(
+                url,
+                quiet_key,
+                noisy_key,
+                body,
+                overload=args.overload,
+                quiet_rate_per_s=args.quiet_rate,
+                seconds=args.seconds,
+            )
+            s = run.summary()
+            noisy_429 = [o for o in run.noisy.outcomes if o.status == 429]
+            passed = (
+                s["quiet_in_slo_share"] >= 0.99
+                and s["quiet_statuses"].get(429, 0) == 0
+                and set(s["noisy_statuses"]) <= {200, 429}
+                and all(o.retry_after_s for o in noisy_429)
+            )
+            ok &= passed
+            print(f"run {i + 1}: {'PASS' if passed else 'FAIL'} {json.dumps(s)}", flush=True)
+            kinds: dict[str, int] = {}
+            for o in run.quiet.outcomes + noisy_429[:: max(1, len(noisy_429) // 200)]:
+                if o.status != 200 and o.body:
+                    key = str(o.body.get("detail", ""))[:90]
+                    kinds[key] = kinds.get(key, 0) + 1
+            for detail, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
+                print(f"    {n:5d} x {detail}")
+    print("bench_fairness:", "PASS" if ok else "FAIL", f"({args.runs} runs)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
