@@ -165,7 +165,8 @@ class _Slot:
 
     taken: bool = False
     late: bool | None = None
-    crowded: bool = False  # admitted with half the limit in use, or queued behind other queries
+    crowded: bool = False  # admitted with half the limit in use, or a long queue ahead of it
+    quiet: bool = False  # admitted with less than half the limit in use, nothing ahead of it, the loop idle
 
 
 class DataPlane:
@@ -416,9 +417,10 @@ class DataPlane:
             self.door(principal.name).observe(False, routed_s, loop_busy=self.loop_watch.busy(routed_s))
             variant_name = routed.variant.name
             # From here a failure (a 504, a worker lost) is an answer not in time. It says the
-            # front end holds too many queries if the query waits behind others, or found the
-            # front end crowded (`ConcurrencyLimit.release`).
-            slot.crowded = slot.crowded or routed.queued_ms > 0.0
+            # front end holds too many queries if the query found it crowded, or was predicted to
+            # wait a quarter of its target behind others (`ConcurrencyLimit.release`).
+            slot.quiet = not slot.crowded and routed.queued_ms <= 0.0 and not self.loop_watch.busy(routed_s)
+            slot.crowded = slot.crowded or routed.queued_ms >= 0.25 * slo.latency_ms
             slot.late = late_for_load(math.inf, slo.latency_ms, routed.decision.predicted_latency_ms)
             result = await self._batcher.submit(
                 routed.variant,
@@ -470,6 +472,8 @@ class DataPlane:
             slot.late = late_for_load(
                 latency_ms, slo.latency_ms, decision.predicted_latency_ms, routed.queued_ms
             )
+            if slot.quiet and result.batch_rows == rows:  # nothing ahead, nothing merged in
+                self.router.observe_floor(routed, latency_ms, time.monotonic())
         return Answer(
             task=task.name,
             outputs=result.outputs,

@@ -17,19 +17,23 @@ from infaas.types import Profile, Variant
 from infaas.workers.base import Batcher
 from infaas.workers.placement import Placement
 
-__all__ = ["PROBE_INTERVAL_S", "LiveView", "idle"]
+__all__ = ["PROBE_INTERVAL_S", "LiveView", "floor_tracker"]
 
 PROBE_INTERVAL_S = 0.02
 """While queries are refused as overloaded and the variant is idle, one per this interval is
 served anyway (a probe): its answer is what lets the overhead estimate see a stall is over."""
 
 
-def idle(live: LiveState) -> LiveState:
-    """`live` on an idle fleet: no queues, and the path's overhead at its prior (the hop alone).
-    The measured overhead is not used: under overload it holds the waits beyond prediction that
-    overload causes, and judged with it every target would look impossible (422, or, for a
-    pinned variant, served regardless: a queue that grows until requests expire)."""
-    return LiveState(loaded=live.loaded, overhead_ms=min(live.overhead_ms, DEFAULT_OVERHEAD_MS))
+def floor_tracker() -> OverheadTracker:
+    """The host's floor of one path (`LiveView.observe_floor`): the p99 over the last 512 answers
+    admitted into a quiet front end (its event loop on time, less than half its limit in use,
+    nothing ahead of the query, nothing merged into its batch), within two minutes, once 64 are
+    there; held, not decayed, while none come (an overload admits no quiet answers, and the floor
+    is what an idle fleet would do). Under a flood a query with nothing ahead of it still waits
+    for the event loop: learned then, the floor rose to 84 ms and every 60 ms target was a 422."""
+    return OverheadTracker(
+        window=512, max_age_s=120.0, short_age_s=120.0, short_min_samples=64, min_samples=64, decay_s=3600.0
+    )
 
 
 @dataclass
@@ -58,6 +62,9 @@ class LiveView:
         # family's): one global figure would price every variant at the worst path's.
         self._overhead_factory = overhead_factory
         self.overheads: dict[str, OverheadTracker] = {}
+        # The same residual, the journal's wait included, of answers admitted into a quiet front
+        # end (nothing ahead of them, the limit less than half used): what this host can promise.
+        self.floors: dict[str, OverheadTracker] = {}
         self._loaded_ttl_s = loaded_ttl_s
         self._loaded: dict[int, _LoadedCache] = {}
         self._replica_cores = replica_cores
@@ -71,8 +78,20 @@ class LiveView:
             return DEFAULT_OVERHEAD_MS
         return tracker.current(now_s) if now_s is not None else tracker.value_ms
 
+    def floor_ms(self, key: str, now_s: float | None = None) -> float:
+        """The host's floor of one path (the prior until measured)."""
+        tracker = self.floors.get(key)
+        if tracker is None:
+            return DEFAULT_OVERHEAD_MS
+        return tracker.current(now_s) if now_s is not None else tracker.value_ms
+
     def path_ms(self, variant: Variant) -> float:
-        return self.overhead_ms(self._pool.overhead_key(variant))
+        key = self._pool.overhead_key(variant)
+        return max(self.overhead_ms(key), self.floor_ms(key))
+
+    def _path_ms(self, key: str, now_s: float) -> float:
+        """What admission adds for a path now: its measured overhead, never below its floor."""
+        return max(self.overhead_ms(key, now_s), self.floor_ms(key, now_s))
 
     def observe(self, variant: Variant, residual_ms: float, now_s: float) -> None:
         """An answer of `variant` came `residual_ms` after its prediction."""
@@ -80,6 +99,15 @@ class LiveView:
         tracker = self.overheads.get(key)
         if tracker is None:
             tracker = self.overheads[key] = self._overhead_factory()
+        tracker.observe(residual_ms, now_s)
+
+    def observe_floor(self, variant: Variant, residual_ms: float, now_s: float) -> None:
+        """An answer admitted into a quiet front end came `residual_ms` after its prediction,
+        counted to the moment it left (the journal's wait included)."""
+        key = self._pool.overhead_key(variant)
+        tracker = self.floors.get(key)
+        if tracker is None:
+            tracker = self.floors[key] = floor_tracker()
         tracker.observe(residual_ms, now_s)
 
     def refresh(self, now_s: float) -> None:
@@ -120,14 +148,15 @@ class LiveView:
         batches; and the batcher's queueing delays by variant (asking the batcher twice per query
         showed in profiles). Adds to `probes` the live variants whose path is due a probe."""
         loaded = self.loaded(table, now_s)
-        base_ms = min((t.current(now_s) for t in self.overheads.values()), default=DEFAULT_OVERHEAD_MS)
+        paths = {k: self._path_ms(k, now_s) for k in self.overheads.keys() | self.floors.keys()}
+        base_ms = min(paths.values(), default=DEFAULT_OVERHEAD_MS)
         delays: dict[str, float] = {}
         queue_ms: dict[str, float] = {}
         for name in loaded.union(self._batcher.queue_depths()):
             if name in table:
                 variant, profile = variants[name]
                 key = self._pool.overhead_key(variant)
-                extra_ms = self.overhead_ms(key, now_s) - base_ms
+                extra_ms = paths.get(key, DEFAULT_OVERHEAD_MS) - base_ms
                 queue_ms[name] = self._batcher.queue_delay_ms(name, tenant)
                 delay = queue_ms[name] + extra_ms + self.slower_ms(name, profile, rows)
                 if delay > 0.0:
@@ -158,13 +187,31 @@ class LiveView:
         view = View(
             table=table,
             live=live,
-            idle=idle(live),
+            idle=self.idle(table, variants, live.loaded, now_s),
             queued=frozenset(name for name, ms in queue_ms.items() if ms > 0.0),
             running=running,
             probe_ready=frozenset(probes),
             room=self.room(variants, running, live.loaded),
         )
         return view, queue_ms
+
+    def idle(self, table: VariantTable, variants: Catalog, loaded: frozenset[str], now_s: float) -> LiveState:
+        """The fleet as idle: no queues, and each path's overhead at the host's floor (what answers
+        admitted into a quiet front end took). Not the measured overhead: under overload it holds
+        the waits that overload causes, and judged with it every target would look impossible
+        (422, or, for a pinned variant, served regardless). Not the hop alone either: a target
+        within the front end's own tail of a profile (2 ms on this host) was then feasible idle,
+        and refused as busy or answered late on a quiet machine; it is a 422 now (issue 32)."""
+        floors = {k: self.floor_ms(k, now_s) for k in self.floors}
+        base_ms = min(floors.values(), default=DEFAULT_OVERHEAD_MS)
+        extra: dict[str, float] = {}
+        if floors:
+            for name in loaded:
+                if name in table:
+                    ms = floors.get(self._pool.overhead_key(variants[name][0]), DEFAULT_OVERHEAD_MS) - base_ms
+                    if ms > 0.0:
+                        extra[name] = ms
+        return LiveState(loaded=loaded, queue_delay_ms=extra, overhead_ms=base_ms)
 
     def room(self, variants: Catalog, running: Mapping[str, int], loaded: frozenset[str]) -> Room | None:
         """This host's cores left to replicas and what the replicas that matter hold: None where

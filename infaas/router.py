@@ -446,6 +446,12 @@ class Router:
         if not routed.cold:
             self.live.observe(routed.variant, latency_ms - routed.expected_ms, now_s)
 
+    def observe_floor(self, routed: Routed, latency_ms: float, now_s: float) -> None:
+        """Learn the host's floor from an answer admitted into a quiet front end, measured to the
+        moment it left (`LiveView.observe_floor`)."""
+        if not routed.cold:
+            self.live.observe_floor(routed.variant, latency_ms - routed.expected_ms, now_s)
+
     async def warm_architecture(
         self, architecture: str, like: Collection[str] = (), timeout_s: float = 120.0
     ) -> list[str]:
