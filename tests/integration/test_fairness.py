@@ -1,8 +1,9 @@
 """A quiet tenant beside a flooding one, through the real service (issue 32): the flooding one
-gets the 429s (with Retry-After), the quiet one keeps most of its SLO, nobody gets a 5xx. The strict figures (>= 99 % in SLO, 0 x 429, 3 runs in a row on the zoo's
-`digits-resnet`) are `scripts/bench_fairness`'s; this test asserts the same with margins, on a
-compute-bound net registered through `POST /v1/models` (the zoo takes minutes to build), the
-neighbour in 8-row queries, the quiet tenant in 1-row queries."""
+gets the 429s (with Retry-After), the quiet one keeps most of its SLO, nobody gets a 5xx. The
+strict goal (>= 99 % in SLO, 0 x 429, 3 runs in a row on the zoo's `digits-resnet`) is
+`scripts/bench_fairness`'s; this test asserts fairness with margins, on a compute-bound net
+registered through `POST /v1/models` (the zoo takes minutes to build), the neighbour in 8-row
+queries, the quiet tenant in 1-row queries."""
 
 from __future__ import annotations
 
