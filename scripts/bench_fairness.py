@@ -7,7 +7,8 @@ offers `--overload` × what its queries sustain back to back,
 the quiet one 20 q/s, for `--seconds` (`tests/integration/neighbours.py`).
 
 What the noisy tenant's queries sustain back to back is measured once, before the first run.
-Passes when, in every run, the quiet tenant has >= 99 % of its queries answered in SLO and
+`--quiet-rate 0`: the flood alone (the issue's overload check: the noisy tenant's admitted
+answers in SLO and its 504s are in the summary). Passes when, in every run, the quiet tenant has >= 99 % of its queries answered in SLO and
 no 429, and the noisy one nothing but 200 and 429 (every 429 with Retry-After).
 """
 
@@ -76,7 +77,7 @@ def main() -> int:
             s = run.summary()
             noisy_429 = [o for o in run.noisy.outcomes if o.status == 429]
             passed = (
-                s["quiet_in_slo_share"] >= 0.99
+                (s["quiet_in_slo_share"] >= 0.99 or args.quiet_rate <= 0)
                 and s["quiet_statuses"].get(429, 0) == 0
                 and set(s["noisy_statuses"]) <= {200, 429}
                 and all(o.retry_after_s for o in noisy_429)

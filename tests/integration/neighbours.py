@@ -37,6 +37,7 @@ class NeighbourRun:
         """The figures the test asserts and the bench prints."""
         q, n = self.quiet, self.noisy
         latencies = [b["latency_ms"] for b in q.answered()]
+        noisy_ms = [b["latency_ms"] for b in n.answered()]
         return {
             "offered_x": round(self.offered_per_s / self.sustained_per_s, 2),
             "sustained_per_s": round(self.sustained_per_s, 1),
@@ -46,6 +47,7 @@ class NeighbourRun:
             "quiet_statuses": dict(q.statuses()),
             "quiet_p99_ms": round(float(np.percentile(latencies, 99)), 1) if latencies else None,
             "noisy_answered_per_s": round(len(n.answered()) / self.seconds, 1),
+            "noisy_p99_ms": round(float(np.percentile(noisy_ms, 99)), 1) if noisy_ms else None,
             "noisy_in_slo_share": self._in_slo(n) / max(1, len(n.answered())),
             "noisy_statuses": dict(n.statuses()),
         }
@@ -75,8 +77,8 @@ def noisy_neighbour(
     rate_per_s = min(MAX_RATE_PER_S, overload * sustained_per_s)
     noisy = BareOpenLoopLoad(url, noisy_key, noisy_body, rate_per_s).start()
     time.sleep(1.0)  # the flood first: the quiet tenant arrives into it
-    quiet = OpenLoopLoad(url, quiet_key, body, quiet_rate_per_s).start()
+    quiet = OpenLoopLoad(url, quiet_key, body, quiet_rate_per_s).start() if quiet_rate_per_s > 0 else None
     time.sleep(seconds)
-    quiet_result = quiet.stop()
+    quiet_result = quiet.stop() if quiet is not None else LoadResult()
     noisy_result = noisy.stop()
     return NeighbourRun(quiet_result, noisy_result, sustained_per_s, rate_per_s, seconds + 1.0)
