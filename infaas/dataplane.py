@@ -311,12 +311,23 @@ class DataPlane:
         limit = self.limit
         weight = principal.share.weight
         held = limit.held(principal.name)
+        share = limit.share(principal.name, weight, now_s)
+        if held >= limit.in_flight:  # alone: its share is the whole limit
+            detail = (
+                f"this front end already answers {limit.in_flight} queries, its limit (learned "
+                "from late answers: it falls when answers come late and grows while they come "
+                "in time); retry"
+            )
+        else:
+            detail = (
+                f"tenant {principal.name!r} is over its share: it holds {held} of the "
+                f"{limit.in_flight} queries this front end answers, its share of the limit "
+                f"{int(limit.limit)} is {share:.1f} (weight {weight:g} against the other active "
+                "tenants'); retry"
+            )
         return Overloaded(
-            f"tenant {principal.name!r} is over its share: it holds {held} of the "
-            f"{limit.in_flight} queries this front end answers, its share of the limit "
-            f"{int(limit.limit)} is {limit.share(principal.name, weight, now_s):.1f} (weight {weight:g} "
-            "against the other active tenants'); retry",
-            over_share=True,
+            detail,
+            over_share=held < limit.in_flight,
             in_flight=held,
             retry_after_s=round(retry_after_s, 3),
             **fields,

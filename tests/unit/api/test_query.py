@@ -375,7 +375,8 @@ def test_while_the_limit_on_queries_in_flight_is_full_the_door_refuses_before_th
     headers = {"Authorization": f"Bearer {keys['t1']}"}
     held = 0
     now_s = time.monotonic()
-    while dataplane.limit.try_admit("t1", 1.0, now_s):  # t1's other queries hold every slot
+    assert dataplane.limit.try_admit("t2", 1.0, now_s)  # one of t2's queries in flight
+    while dataplane.limit.try_admit("t1", 1.0, now_s):  # t1's other queries hold every other slot
         held += 1
     assert dataplane.shedding()
     # not even read: a body the app would refuse as malformed gets the same 429
@@ -392,6 +393,7 @@ def test_while_the_limit_on_queries_in_flight_is_full_the_door_refuses_before_th
     assert other.status_code == 200, other.text
     for _ in range(held):
         dataplane.limit.release(None, time.monotonic(), "t1")
+    dataplane.limit.release(None, time.monotonic(), "t2")
     assert not dataplane.shedding()
     answered = client._loop.run_until_complete(gated.post("/v1/query", json=q(), headers=headers))
     assert answered.status_code == 200, answered.text
