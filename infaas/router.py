@@ -28,6 +28,7 @@ from infaas import refusals
 from infaas.errors import (
     ArchitectureNotFound,
     InvalidInput,
+    NoFeasibleVariant,
     NotFound,
     StoreError,
     TaskNotFound,
@@ -254,7 +255,8 @@ class Router:
         elapsed_ms: float = 0.0,
         tenant: str = "",
     ) -> Routed:
-        """`route` for the event loop: a name the snapshot lacks re-reads the store in a thread."""
+        """`route` for the event loop: a name the snapshot lacks, or targets none of its variants
+        meets, re-reads the store in a thread."""
 
         def attempt() -> Routed:
             return self.route(
@@ -271,7 +273,9 @@ class Router:
 
         try:
             return attempt()
-        except NotFound:
+        except (NotFound, NoFeasibleVariant):
+            # Read-your-writes: a model registered through another front end a moment ago is
+            # not in this snapshot yet; look once (rate-limited) before answering 404 or 422.
             if not await self._refresh_on_miss_async(now_s):
                 raise
             return attempt()

@@ -19,6 +19,8 @@ from infaas.types import Share, Tenant
 
 router = APIRouter(prefix="/v1/admin/tenants", tags=["admin"])
 
+RESERVED_NAMES = frozenset({"admin"})
+
 
 def _store(request: Request) -> MetadataStore:
     store: MetadataStore = request.app.state.store
@@ -32,6 +34,10 @@ def _store(request: Request) -> MetadataStore:
     responses=error_responses(InvalidInput, PayloadTooLarge, Conflict, *ADMIN_KEY),
 )
 def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> TenantCreated:
+    if body.name in RESERVED_NAMES:
+        # Usage, metrics and the dashboard name the admin key "admin": a tenant of that name
+        # would be indistinguishable from it.
+        raise InvalidInput(f"{body.name!r} is a reserved name; choose another", tenant=body.name)
     key = new_api_key()
     _store(request).create_tenant(Tenant(name=body.name, role=body.role, created_at_s=time.time()), key)
     return TenantCreated(name=body.name, role=body.role, api_key=key)
@@ -55,7 +61,7 @@ def set_share(name: str, body: ShareIn, request: Request, _: AdminPrincipal) -> 
     """Set a tenant's weight and optional rate quota. Its keys are dropped from this front end's
     key cache, so its next query here carries the new share (other front ends: within the
     cache's TTL)."""
-    if name == "admin":
+    if name in RESERVED_NAMES:
         raise InvalidInput("the admin key has no share: it is not a tenant", tenant=name)
     tenant = _store(request).set_share(name, Share(**body.model_dump()))
     cache: KeyCache = request.app.state.key_cache

@@ -437,3 +437,12 @@ def test_an_admin_sets_a_share_and_a_tenant_over_its_rate_quota_gets_429s_that_s
         == 403
     )
     assert store.get_tenant("t2").share.weight == 1.0  # type: ignore[union-attr]
+
+
+def test_admin_is_a_reserved_tenant_name(api: tuple[AppClient, MemoryStore, dict[str, str]]) -> None:
+    client, store, _ = api
+    r = client.post(
+        "/v1/admin/tenants", json={"name": "admin"}, headers={"Authorization": "Bearer admin-key"}
+    )
+    assert r.status_code == 400 and r.json()["error"] == "invalid_input" and "reserved" in r.json()["detail"]
+    assert store.get_tenant("admin") is None
