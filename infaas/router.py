@@ -315,11 +315,14 @@ class Router:
             table, split = self._scope(task, architecture, now_s, refresh)
         view, queue_ms = self.live.view(table, self._snapshot.variants, now_s, rows, tenant)
         verdict = admit(Query(rows, slo, elapsed_ms, variant), view)
-        choice = verdict.choice
-        if verdict.kind == "infeasible" or choice is None:
+        if verdict.kind == "infeasible":
             if verdict.infeasible is None:  # a pinned variant the checks above let through
                 raise VariantNotFound(f"no variant {variant!r}", variant=variant)
             raise refusals.infeasible(verdict.infeasible, task.name, slo, architecture)
+        # Every other verdict names a variant: the view has no standing (the data plane asks
+        # the share rule, `policy.verdict.over_share`, before the live state is read).
+        choice = verdict.choice
+        assert choice is not None, verdict
         if verdict.kind in ("busy", "deadline"):
             variant_of = self._snapshot.variants[choice.variant][0]
             raise refusals.busy(
