@@ -144,6 +144,9 @@ class _VariantQueue:
     # Tenants that queued here lately: when each last did, and its latency budget then (ms). While
     # several share the variant, batches are cut to a quantum of the tightest (`quantum_rows`).
     tenants: dict[str, tuple[float, float]] = field(default_factory=dict)
+    shared: tuple[tuple[float, float, float, BatchParams], BatchParams] | None = (
+        None  # `_shared_params`'s last
+    )
 
     def latency_ms(self, rows: int) -> float:
         return self.profile.latency_ms(rows, "p99") * self.slowdown + self.overhead_ms
@@ -288,10 +291,18 @@ class AsyncBatcher:
         horizon_s = now_s - _TENANT_ACTIVE_S
         for gone in [t for t, (seen_s, _) in tenants.items() if seen_s < horizon_s]:
             del tenants[gone]
-        rows = quantum_rows(queue.latency_ms, queue.params.max_batch, [b for _, b in tenants.values()])
-        if rows >= queue.params.max_batch:
+        if len(tenants) < 2:
             return queue.params
-        return BatchParams(max_batch=rows, max_in_flight=queue.params.max_in_flight)
+        # Asked for every query routed here: the search is redone only when what it reads moved
+        # (the tightest budget, to the ms, the batches' measured slowdown and overhead).
+        key = (round(min(b for _, b in tenants.values())), queue.slowdown, queue.overhead_ms, queue.params)
+        if queue.shared is None or queue.shared[0] != key:
+            rows = quantum_rows(queue.latency_ms, queue.params.max_batch, [b for _, b in tenants.values()])
+            cut = queue.params
+            if rows < cut.max_batch:
+                cut = BatchParams(max_batch=rows, max_in_flight=cut.max_in_flight)
+            queue.shared = (key, cut)
+        return queue.shared[1]
 
     def _pump(self, queue: _VariantQueue) -> None:
         self._in_flight_cap(queue)

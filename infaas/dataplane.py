@@ -36,7 +36,7 @@ from infaas.policy.verdict import over_share
 from infaas.router import Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import SLO, Architecture, Principal, Task, pusd_to_usd
+from infaas.types import SLO, Architecture, Principal, Share, Task, pusd_to_usd
 from infaas.workers.base import Batcher
 
 __all__ = ["Answer", "DataPlane", "InferenceRequest", "ModelRef", "dataplane_of", "parse_inputs"]
@@ -190,7 +190,7 @@ class DataPlane:
         self._targets_ttl_s = targets_ttl_s
         self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
         self._doors: dict[str, DoorShedder] = {}
-        self._quotas: dict[str, RateQuota] = {}
+        self._quotas: dict[str, tuple[Share, RateQuota]] = {}  # tenant → its share, its bucket
         self.limit = ConcurrencyLimit(
             min_limit=settings.min_queries_in_flight, initial=max(64.0, settings.min_queries_in_flight)
         )
@@ -277,7 +277,7 @@ class DataPlane:
         return (
             self.limit.full
             or any(door.share > 0.0 for door in self._doors.values())
-            or any(quota.empty for quota in self._quotas.values())
+            or any(quota.empty for _, quota in self._quotas.values())
         )
 
     def quota(self, principal: Principal, now_s: float) -> RateQuota | None:
@@ -286,21 +286,17 @@ class DataPlane:
         if share.rate_qps is None:
             self._quotas.pop(principal.name, None)
             return None
-        quota = self._quotas.get(principal.name)
-        if quota is None or (quota.rate_qps, quota.burst) != (
-            share.rate_qps,
-            max(1.0, share.burst or share.rate_qps),
-        ):
-            quota = self._quotas[principal.name] = RateQuota(share.rate_qps, share.burst, now_s)
-        return quota
+        held = self._quotas.get(principal.name)
+        if held is None or held[0] != share:
+            held = self._quotas[principal.name] = (share, RateQuota(share.rate_qps, share.burst, now_s))
+        return held[1]
 
-    def _over_quota(self, principal: Principal, wait_s: float) -> Overloaded:
-        share = principal.share
+    def _over_quota(self, principal: Principal, quota: RateQuota, wait_s: float) -> Overloaded:
         return Overloaded(
-            f"tenant {principal.name!r} is over its rate quota of {share.rate_qps:g} queries/s "
-            f"(burst {max(1.0, share.burst or share.rate_qps or 1.0):g}); retry",
+            f"tenant {principal.name!r} is over its rate quota of {quota.rate_qps:g} queries/s "
+            f"(burst {quota.burst:g}); retry",
             over_share=True,
-            quota_qps=share.rate_qps,
+            quota_qps=quota.rate_qps,
             retry_after_s=round(max(wait_s, 0.001), 3),
         )
 
@@ -349,8 +345,8 @@ class DataPlane:
         door = self.door(principal.name)
         quota = self.quota(principal, received_s)
         wait_s = quota.wait_s(received_s) if quota is not None else 0.0
-        if wait_s > 0.0:
-            exc = self._over_quota(principal, wait_s)
+        if quota is not None and wait_s > 0.0:
+            exc = self._over_quota(principal, quota, wait_s)
         elif self.limit.over_share(principal.name, principal.share.weight, received_s):
             # No target to scale the retry by (the body is unread): the last busy refusal's.
             exc = self._over_share(
@@ -393,8 +389,8 @@ class DataPlane:
             quota_wait_s = quota.wait_s(routed_s) if quota is not None else 0.0
             # The verdict's first rule, asked before the live state is read (`policy.verdict`).
             if over_share(self.limit.standing(tenant, weight, routed_s, quota_wait_s)):
-                if quota_wait_s > 0.0:
-                    raise self._over_quota(principal, quota_wait_s)
+                if quota is not None and quota_wait_s > 0.0:
+                    raise self._over_quota(principal, quota, quota_wait_s)
                 self.door(tenant).observe(
                     True, routed_s, loop_busy=self.loop_watch.busy(routed_s), margin_ms=slo.latency_ms
                 )

@@ -111,8 +111,8 @@ def test_bad_parameters_are_refused() -> None:
 
 def test_a_tenant_within_its_share_is_admitted_when_a_neighbour_fills_the_limit() -> None:
     limit = ConcurrencyLimit(initial=20, min_limit=4)
-    while limit.try_admit("noisy", 1.0, 0.0):
-        pass
+    admitted = [limit.try_admit("noisy", 1.0, 0.0) for _ in range(21)]
+    assert admitted == [True] * 20 + [False]
     assert limit.full and limit.held("noisy") == 20
     assert limit.over_share("noisy", 1.0, 0.0)
     assert not limit.over_share("quiet", 1.0, 0.0)
