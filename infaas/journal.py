@@ -26,8 +26,15 @@ end of a segment (the process died mid-write) fails its CRC and ends that segmen
 never sent. Each process starts a new segment, so earlier segments are read-only; a segment whose
 records the store has all counted is deleted (`trim`).
 
-With ``fsync=False`` (``INFAAS_USAGE_JOURNAL=os``) a write reaches the OS but is not fsync'd: it
-survives the process's death, not a power cut, and costs less latency.
+With ``fsync=False`` (``INFAAS_USAGE_JOURNAL=os``, the default) an answer waits only for its
+record to reach the OS: it survives the process's death (SIGKILL, OOM kill), and costs no sync on
+the answer's path (~1 ms p50 at c=1 here, docs/benchmarks.md "The query tax"). The meter's flush
+thread makes the records durable in the background (`sync`, an ``fdatasync`` of a duplicate of
+the segment's descriptor) before every flush, and before the store may count them: like a
+database's asynchronous commit, a power cut loses at most the charges of the last flush interval
+(`INFAAS_USAGE_FLUSH_INTERVAL_S`, 1 s) plus one sync, never more, and the store's mark never passes
+what is on disk (a restart after a power cut numbers on from what survived; a mark past it would
+make the store skip new charges as already counted).
 
 One process owns a journal at a time (an exclusive `flock`): two front ends on one data dir would
 otherwise interleave sequence numbers under one source.
@@ -232,7 +239,6 @@ class UsageJournal:
     def __init__(self, directory: Path, fsync: bool = True, segment_bytes: int = _SEGMENT_BYTES) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory
-        self._fsync = fsync
         self._lock_file = open(directory / "lock", "w")  # noqa: SIM115 - held for our lifetime
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -265,7 +271,8 @@ class UsageJournal:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # touched on the loop only
         self._cond = threading.Condition()
         self._written_seq = last
-        self._durable_seq = last
+        self._durable_seq = last  # what answers wait for: on disk with fsync, in the OS without
+        self._synced_seq = last  # on disk (fdatasync'd), in either mode
         self._error: OSError | None = None
         try:
             self._syncer = _SyncProcess() if fsync else None
@@ -285,6 +292,12 @@ class UsageJournal:
         """The fsync helper's process id (None with ``fsync=False``)."""
         return self._syncer.pid if self._syncer is not None else None
 
+    @property
+    def synced_seq(self) -> int:
+        """The last sequence number on disk (fdatasync'd): what a power cut cannot lose."""
+        with self._cond:
+            return self._synced_seq
+
     # ---- files ----------------------------------------------------------------------------------
     def _segments(self) -> list[tuple[int, Path]]:
         found = []
@@ -297,13 +310,12 @@ class UsageJournal:
 
     def _open_segment(self, first_seq: int) -> int:
         fd = os.open(self.path / _segment_name(first_seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        if self._fsync:
-            # The new file's name must be durable too, or a power cut could lose the whole segment.
-            dir_fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        # The new file's name must be durable too, or a power cut could lose the whole segment.
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
         return fd
 
     # ---- appending (event-loop thread) ----------------------------------------------------------
@@ -394,6 +406,7 @@ class UsageJournal:
         self._sync_in_flight = False
         with self._cond:
             self._durable_seq = max(self._durable_seq, durable)
+            self._synced_seq = max(self._synced_seq, durable)
             self._cond.notify_all()
         self._wake(durable)
         self._request_sync()
@@ -419,8 +432,7 @@ class UsageJournal:
     def _rotate(self) -> None:
         """Start the next segment (under `_cond`; rare: every few MB)."""
         old = self._fd
-        if self._fsync:
-            os.fsync(old)  # the helper syncs only the current segment: this one's records, now
+        os.fsync(old)  # later syncs see only the current segment: this one's records, now
         self._fd = self._open_segment(self._written_seq + 1)
         self._segment_bytes = 0
         os.close(old)
@@ -459,9 +471,33 @@ class UsageJournal:
                 fut.set_exception(StoreError(f"usage journal write failed: {exc}", path=str(self.path)))
 
     # ---- durability (flush thread) -------------------------------------------------------------
-    def wait_durable(self, seq: int, timeout_s: float = 10.0) -> None:
-        """Block until entries up to `seq` are durable (for the flush thread)."""
+    def sync(self) -> None:
+        """Make every record written so far durable on disk (for the flush thread; the
+        background sync of ``fsync=False``). Syncs a duplicate of the segment's descriptor outside
+        the lock, so the loop's writes and a rotation never wait for the disk."""
+        if self._syncer is not None:
+            return  # the helper syncs every write; `wait_durable` waits for it
         with self._cond:
+            seq = self._written_seq
+            if seq <= self._synced_seq or self._error is not None:
+                return
+            fd = os.dup(self._fd)  # records of an older segment were fsync'd when it rotated
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            with self._cond:
+                self._error = exc
+            raise StoreError(f"usage journal sync failed: {exc}", path=str(self.path)) from None
+        finally:
+            os.close(fd)
+        with self._cond:
+            self._synced_seq = max(self._synced_seq, seq)
+
+    def wait_durable(self, seq: int, timeout_s: float = 10.0) -> None:
+        """Block until entries up to `seq` are on disk (for the flush thread, before the store
+        may count them)."""
+        with self._cond:
+            # Without the helper `_durable_seq` is what the loop has written: wait for that, sync.
             self._cond.wait_for(lambda: self._durable_seq >= seq or self._error is not None, timeout_s)
             if self._error is not None:
                 raise StoreError(f"usage journal write failed: {self._error}", path=str(self.path))
@@ -469,6 +505,7 @@ class UsageJournal:
                 raise StoreError(
                     f"usage journal: entry {seq} not durable after {timeout_s} s", path=str(self.path)
                 )
+        self.sync()
 
     # ---- replay and trimming (flush thread) -----------------------------------------------------
     def entries(self, after_seq: int, before_seq: int) -> list[JournalEntry]:

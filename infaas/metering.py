@@ -314,6 +314,10 @@ class Meter:
         call. Returns the usage rows written. On a failure the batch stays in doubt and is retried
         as is by the next flush, so nothing is lost or counted twice."""
         with self._flush_lock:
+            if self._journal is not None:
+                # The background sync of INFAAS_USAGE_JOURNAL=os, every flush even while the
+                # store is down: what a power cut can lose stays one flush interval.
+                self._journal.sync()
             written = self._replay()
             for _ in range(2):  # the batch in doubt, if there is one, then the pending counters
                 if self._in_doubt is None:

@@ -34,6 +34,18 @@ class Settings(BaseSettings):
     max_request_mb: float = Field(default=16.0, gt=0, description="Largest accepted query body.")
     worker_memory_budget_mb: float = Field(default=2048.0, gt=0, description="Per worker process.")
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
+    change_poll_interval_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="How often each front end reads the store's change log: a key revoked, a share "
+        "changed or a model registered on another front end takes effect here within this.",
+    )
+    key_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="While the store is unreachable, a tenant key confirmed within this many "
+        "seconds is still answered; after that it is refused (503) until the store answers.",
+    )
     autoscale_interval_s: float = Field(default=1.0, ge=0, description="Autoscaler round; 0: off.")
     autoscale: bool = Field(
         default=True,
@@ -91,10 +103,12 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="Bound on each store call (Redis socket, SQLite lock wait)."
     )
     usage_journal: Literal["fsync", "os", "off"] = Field(
-        default="fsync",
+        default="os",
         description="Write every charge to a local journal before its answer is sent, replayed into "
-        "the store at start. fsync: on disk (survives a power cut; ~0.5 ms more latency here); "
-        "os: handed to the OS (survives a crash of the process, not of the machine); off.",
+        "the store at start. os: handed to the OS before the answer (survives a crash of the "
+        "process) and synced to disk in the background before every usage flush (a power cut loses "
+        "at most the last usage_flush_interval_s of charges); fsync: on disk before the answer "
+        "(survives a power cut; ~1 ms more latency here); off.",
     )
     drain_timeout_s: float = Field(
         default=30.0,

@@ -379,6 +379,10 @@ class Tenant(_Value):
     created_at_s: float = 0.0
     revoked: bool = False
     share: Share = Field(default_factory=Share)
+    expires_at_s: float | None = None  # epoch seconds; the key is refused from then on
+
+    def expired(self, now_s: float) -> bool:
+        return self.expires_at_s is not None and now_s >= self.expires_at_s
 
 
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -416,10 +420,11 @@ class Principal(_Value):
     name: str
     role: Role
     share: Share = Field(default_factory=Share)
+    expires_at_s: float | None = None  # epoch seconds (a cached key expires too)
 
     @classmethod
     def of(cls, tenant: Tenant) -> Principal:
-        return cls(name=tenant.name, role=tenant.role, share=tenant.share)
+        return cls(name=tenant.name, role=tenant.role, share=tenant.share, expires_at_s=tenant.expires_at_s)
 
 
 class UsageKey(_Value):

@@ -39,6 +39,7 @@ from infaas.api.routes import versions as version_routes
 from infaas.artifacts import RedisArtifacts, open_artifacts
 from infaas.autoscaler import Autoscaler, Resources
 from infaas.batching import AsyncBatcher
+from infaas.changes import ChangeFeed
 from infaas.dataplane import DataPlane
 from infaas.jobs import JobRunner
 from infaas.journal import UsageJournal
@@ -185,6 +186,17 @@ def create_app(
         batcher.on_outcome = lambda variant, error: the_router.report(variant, error, time.monotonic())
         the_router.refresh()
         the_router.start()
+        key_cache: KeyCache = app.state.key_cache
+        changes = ChangeFeed(
+            the_store,
+            on_tenant=key_cache.drop_tenant,
+            on_models=the_router.refresh_async,
+            on_read=key_cache.confirm_all,
+            on_gap=key_cache.clear,
+            interval_s=settings.change_poll_interval_s,
+        )
+        await changes.tick()  # the cursor: what is in the log now is in the snapshot just read
+        changes.start()
         the_router.warmer.warm_up()
         # Replicates, upgrades, downgrades and unloads from the demand the meter sees; on a shared
         # fleet, from every front end's, and only while this one holds the autoscaler lease.
@@ -283,6 +295,7 @@ def create_app(
         finally:
             await watchdog.close()
             await loop_lag.close()
+            await changes.close()
             for loop in shared_loops:
                 await loop.close()
             if peers is not None:
@@ -325,7 +338,7 @@ def create_app(
     app.state.settings = settings
     app.state.store = the_store
     app.state.admin_key = ensure_admin_key(settings)
-    app.state.key_cache = KeyCache()  # resolved tenant keys; see infaas.api.auth
+    app.state.key_cache = KeyCache(grace_s=settings.key_grace_s)  # resolved tenant keys; see infaas.api.auth
     app.state.readiness_checks = {"store": lambda: the_store.list_tasks() is not None}
     app.state.stop_server = None  # set by `infaas.api.lifecycle.run`: stops the process with a code
 

@@ -4,17 +4,23 @@ Resolving a tenant key costs two store reads (key → name → tenant), which on
 more than the model. A resolved key is therefore kept in a `KeyCache` for `KEY_CACHE_TTL_S`
 seconds; once expired, the next request is answered from the cache while the key is revalidated
 in the background (stale-while-revalidate), so no request waits on the store for a key it knows.
-A revoke made through this front end drops the tenant's keys from its cache at once; a revoke
-made elsewhere (another front end on the same store, or the store directly) takes effect here
-within `KEY_CACHE_TTL_S` and one more request (while the store is reachable: during an outage,
-keys resolved before keep working). Unknown keys are never cached, so a new key works at once.
+
+Revocation. A revoke drops the tenant's keys from this front end's cache at once; every other
+front end on the same store reads the store's change log (`infaas.changes.ChangeFeed`, every
+`change_poll_interval_s`) and drops them within that interval (measured: docs/benchmarks.md).
+A front end that cannot reach the store cannot know of revocations: it keeps answering a key the
+store (or the change log) confirmed within `key_grace_s`, and refuses it after that (503,
+`store_unavailable`) until the store answers again. Unknown keys are never cached, so a new key
+works at once. An expired key (`Tenant.expires_at_s`) is refused like a revoked one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
+import math
 import os
 import secrets
 import threading
@@ -31,6 +37,7 @@ from infaas.types import Principal, Tenant
 
 __all__ = [
     "KEY_CACHE_TTL_S",
+    "TOUCH_INTERVAL_S",
     "AdminPrincipal",
     "KeyCache",
     "Principal",
@@ -41,20 +48,31 @@ __all__ = [
 ]
 
 KEY_CACHE_TTL_S = 5.0
-"""The longest a tenant key revoked on another front end (or in the store directly) still works here."""
+"""How long a resolved key is answered without asking the store again (revocations made through
+the API arrive sooner, through the change log)."""
+
+TOUCH_INTERVAL_S = 60.0
+"""A key's last use is written to the store at most this often (the admin API shows it)."""
 
 
 class KeyCache:
-    """Tenant keys already resolved: SHA-256 of the key → (principal, expiry). Pure bookkeeping:
-    the time comes in as `now_s` (monotonic seconds). Holds digests, never the keys themselves."""
+    """Tenant keys already resolved: SHA-256 of the key → (principal, fresh until, confirmed at).
+    Pure bookkeeping: the time comes in as `now_s` (monotonic seconds). Holds digests, never the
+    keys themselves. A key is confirmed when the store resolved it, and all of them at once when
+    the change log was read (it would have named a revocation)."""
 
-    def __init__(self, ttl_s: float = KEY_CACHE_TTL_S, max_entries: int = 10_000) -> None:
-        self.ttl_s = ttl_s
+    def __init__(
+        self, ttl_s: float = KEY_CACHE_TTL_S, grace_s: float = 30.0, max_entries: int = 10_000
+    ) -> None:
+        self.ttl_s = min(ttl_s, grace_s)
+        self.grace_s = grace_s
         self._max_entries = max_entries
-        self._entries: dict[str, tuple[Principal, float]] = {}
+        self._entries: dict[str, tuple[Principal, float, float]] = {}
+        self._feed_confirmed_s = -math.inf
         self._lock = threading.Lock()  # routes run on the loop, but sync ones run in threads
         self._refreshing: set[str] = set()  # digests being revalidated (touched on the loop)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._touched: dict[str, float] = {}  # tenant → when its last use was written (monotonic)
 
     @staticmethod
     def digest(api_key: str) -> str:
@@ -67,19 +85,32 @@ class KeyCache:
             return None
         return entry[0]
 
-    def stale(self, digest: str) -> Principal | None:
-        """The principal even after its entry expired (kept until the cache is full or the tenant
-        revoked here): during a store outage a known tenant keeps being answered."""
+    def stale(self, digest: str, now_s: float) -> Principal | None:
+        """The principal after its entry expired, while it was confirmed within the grace (by
+        the store, or by the change log): during a store outage a known tenant keeps being
+        answered for `grace_s`, not longer."""
+        entry = self._entries.get(digest)
+        if entry is None or now_s - max(entry[2], self._feed_confirmed_s) > self.grace_s:
+            return None
+        return entry[0]
+
+    def known(self, digest: str) -> Principal | None:
+        """The principal `digest` resolved to, however long ago (None: never, or forgotten)."""
         entry = self._entries.get(digest)
         return entry[0] if entry is not None else None
 
     def put(self, digest: str, principal: Principal, now_s: float) -> None:
+        """`principal` as the store resolved it just now."""
         with self._lock:
             if len(self._entries) >= self._max_entries:
                 # Many distinct live keys within one TTL: start over rather than track recency;
                 # the cost is one store read per key, once.
                 self._entries.clear()
-            self._entries[digest] = (principal, now_s + self.ttl_s)
+            self._entries[digest] = (principal, now_s + self.ttl_s, now_s)
+
+    def confirm_all(self, now_s: float) -> None:
+        """The change log was read up to now (taken before the read): no key cached is revoked."""
+        self._feed_confirmed_s = max(self._feed_confirmed_s, now_s)
 
     def revalidate(self, digest: str, refresh: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run `refresh()` in the background unless one for `digest` is already running (call
@@ -96,15 +127,27 @@ class KeyCache:
 
         task.add_done_callback(done)
 
+    def due_touch(self, name: str, now_s: float) -> bool:
+        """Whether `name`'s last use should be written now (and note that it is)."""
+        if now_s - self._touched.get(name, -math.inf) < TOUCH_INTERVAL_S:
+            return False
+        self._touched[name] = now_s
+        return True
+
     def forget(self, digest: str) -> None:
         with self._lock:
             self._entries.pop(digest, None)
 
     def drop_tenant(self, name: str) -> None:
-        """Forget every key of tenant `name` (called when it is revoked here)."""
+        """Forget every key of tenant `name` (revoked, or its share or expiry changed)."""
         with self._lock:
-            for digest in [d for d, (p, _) in self._entries.items() if p.name == name]:
+            for digest in [d for d, (p, _, _) in self._entries.items() if p.name == name]:
                 del self._entries[digest]
+
+    def clear(self) -> None:
+        """Forget every key (the change log lost entries this front end had not read)."""
+        with self._lock:
+            self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -157,7 +200,7 @@ async def authenticate(request: Request) -> Principal:
     """Any valid key: the admin's or an active tenant's. Async: FastAPI runs a plain `def`
     dependency in its thread pool, a thread hop per request that cost more than the rest of the
     check. A cache miss reads the store in a thread (once per key and TTL); when the store fails,
-    a key resolved before is still accepted (`KeyCache.stale`), an unknown one gets 503."""
+    a key confirmed within the grace is still accepted (`KeyCache.stale`), any other gets 503."""
     token = _bearer(request)
     admin_key: str = request.app.state.admin_key
     if hmac.compare_digest(token.encode(), admin_key.encode()):
@@ -166,21 +209,32 @@ async def authenticate(request: Request) -> Principal:
     digest = KeyCache.digest(token)
     now_s = time.monotonic()
     principal = cache.get(digest, now_s)
-    if principal is not None:
-        return principal
     store: MetadataStore = request.app.state.store
-    known = cache.stale(digest)
-    if known is not None:
-        # Expired: answer with what the key resolved to, and ask the store again in the
-        # background, once per key. A request never waits for the store on a key it knows, so a
-        # store that hangs costs no latency, and no herd of requests piles onto it.
-        cache.revalidate(digest, lambda: _resolve(store, token, digest, cache, known))
-        return known
-    tenant = await _lookup(store, token)
-    if tenant is None:
-        raise Unauthenticated("unknown or revoked API key")
-    principal = Principal.of(tenant)
-    cache.put(digest, principal, now_s)
+    if principal is None:
+        known = cache.known(digest)
+        if known is not None:
+            # Expired: ask the store again in the background, once per key, and meanwhile answer
+            # with what the key resolved to while that was confirmed within the grace. A request
+            # never waits for the store on a key it knows, so a store that hangs costs no
+            # latency, and no herd of requests piles onto it.
+            cache.revalidate(digest, lambda: _resolve(store, token, digest, cache))
+            if cache.stale(digest, now_s) is None:
+                raise StoreError(
+                    f"the store could not confirm this key for {cache.grace_s:g} s "
+                    "(INFAAS_KEY_GRACE_S); retry once it answers"
+                )
+            principal = known
+        else:
+            tenant = await _lookup(store, token)
+            if tenant is None:
+                raise Unauthenticated("unknown, revoked or expired API key")
+            principal = Principal.of(tenant)
+            cache.put(digest, principal, now_s)
+            if cache.due_touch(principal.name, now_s):
+                cache.revalidate(digest, lambda: _touch(store, principal.name))
+    if principal.expires_at_s is not None and time.time() >= principal.expires_at_s:
+        cache.forget(digest)
+        raise Unauthenticated("unknown, revoked or expired API key")
     return principal
 
 
@@ -189,18 +243,25 @@ async def _lookup(store: MetadataStore, token: str) -> Tenant | None:
     return await asyncio.to_thread(store.tenant_for_key, token)
 
 
-async def _resolve(store: MetadataStore, token: str, digest: str, cache: KeyCache, known: Principal) -> None:
-    """Revalidate an expired key: refresh it, forget it (revoked), or keep it another TTL while
-    the store cannot answer."""
+async def _touch(store: MetadataStore, name: str) -> None:
+    with contextlib.suppress(StoreError):  # a last-used time is a hint: the next touch writes it
+        await asyncio.to_thread(store.touch_tenant, name, time.time())
+
+
+async def _resolve(store: MetadataStore, token: str, digest: str, cache: KeyCache) -> None:
+    """Revalidate an expired key: refresh it, or forget it (revoked or expired). While the store
+    cannot answer the entry stays as it is, confirmed when it last was (`KeyCache.stale`)."""
     try:
         tenant = await _lookup(store, token)
     except StoreError:
-        cache.put(digest, known, time.monotonic())
         return
     if tenant is None:
         cache.forget(digest)
-    else:
-        cache.put(digest, Principal.of(tenant), time.monotonic())
+        return
+    now_s = time.monotonic()
+    cache.put(digest, Principal.of(tenant), now_s)
+    if cache.due_touch(tenant.name, now_s):
+        await _touch(store, tenant.name)
 
 
 async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:

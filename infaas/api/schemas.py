@@ -42,12 +42,19 @@ class TenantCreate(_Wire):
         default="tenant",
         description="tenant: queries; owner: also registers and manages models in the tasks it owns",
     )
+    expires_in_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=10 * 365 * 86400.0,
+        description="the key is refused this many seconds after its creation (unset: never)",
+    )
 
 
 class TenantCreated(_Wire):
     name: str
     role: str = "tenant"
     api_key: str = Field(description="shown once; only its hash is stored")
+    expires_at_s: float | None = Field(default=None, description="epoch seconds; unset: never")
 
 
 class ShareIn(_Wire):
@@ -76,6 +83,10 @@ class TenantOut(_Wire):
     created_at_s: float
     revoked: bool
     share: ShareIn
+    expires_at_s: float | None = Field(default=None, description="epoch seconds; unset: never")
+    last_used_s: float | None = Field(
+        default=None, description="epoch seconds of the key's last use, to within a minute; unset: never used"
+    )
 
 
 # ---- the query path --------------------------------------------------------------------------

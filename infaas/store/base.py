@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import json
+import time
 from collections.abc import Iterable, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -33,15 +35,39 @@ from infaas.types import (
     Variant,
 )
 
-__all__ = ["DocumentStore", "MetadataStore", "UsageMark", "hash_key"]
+__all__ = [
+    "CHANGE_LOG_LENGTH",
+    "Change",
+    "ChangeKind",
+    "DocumentStore",
+    "MetadataStore",
+    "UsageMark",
+    "hash_key",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
 UsageMark = tuple[str, int]
 """(source, seq): which usage journal a batch of counters comes from, and the last entry it holds."""
 
+ChangeKind = Literal["model", "tenant"]
+
+
+class Change(NamedTuple):
+    """One entry of the store's change log: what another front end must re-read. ``model``: a
+    task, architecture, version label or profile (`name` is the architecture or task); ``tenant``:
+    a revocation, share or expiry (`name` is the tenant)."""
+
+    seq: int
+    kind: ChangeKind
+    name: str
+
+
+CHANGE_LOG_LENGTH = 10_000
+"""Entries the change log keeps; a reader further behind sees a gap and re-reads everything."""
+
 # Document kinds: one namespace each.
-TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS, JOB, FRONT_END = (
+TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS, JOB, FRONT_END, USED = (
     "task",
     "arch",
     "variant",
@@ -54,6 +80,7 @@ TASK, ARCH, VARIANT, SKIPPED, PROFILE, TENANT, KEY, TENANT_KEY, LABELS, TARGETS,
     "targets",
     "job",
     "front_end",
+    "tenant_used",  # a document of its own: a touch never races a revoke's write of the tenant
 )
 
 
@@ -126,6 +153,14 @@ class MetadataStore(Protocol):
     def get_tenant(self, name: str) -> Tenant | None: ...
     def list_tenants(self) -> list[Tenant]: ...
     def revoke_tenant(self, name: str) -> None: ...
+    def touch_tenant(self, name: str, at_s: float) -> None:
+        """Record that `name`'s key was used at `at_s` (epoch seconds; callers rate-limit it)."""
+        ...
+
+    def last_used(self) -> dict[str, float]:
+        """Each tenant's last recorded use (tenants never used are absent)."""
+        ...
+
     def set_share(self, name: str, share: Share) -> Tenant:
         """Set an active tenant's share (weight, rate quota); the updated tenant."""
         ...
@@ -158,6 +193,19 @@ class MetadataStore(Protocol):
 
     def release_lease(self, name: str, holder: str) -> None:
         """Give the lease up if `holder` has it (a clean stop: the next holder need not wait)."""
+        ...
+
+    def publish_change(self, kind: ChangeKind, name: str) -> int:
+        """Append to the change log (the typed writes do it themselves); its sequence number."""
+        ...
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        """The change log's entries after `seq`, oldest first, at most `limit` (the log keeps the
+        last `CHANGE_LOG_LENGTH`)."""
+        ...
+
+    def change_cursor(self) -> int:
+        """The last sequence number in the change log (0 when empty)."""
         ...
 
     def close(self) -> None: ...
@@ -200,6 +248,15 @@ class DocumentStore(abc.ABC):
     @abc.abstractmethod
     def release_lease(self, name: str, holder: str) -> None: ...
 
+    @abc.abstractmethod
+    def publish_change(self, kind: ChangeKind, name: str) -> int: ...
+
+    @abc.abstractmethod
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]: ...
+
+    @abc.abstractmethod
+    def change_cursor(self) -> int: ...
+
     def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release connections; the default backend holds none."""
 
@@ -213,6 +270,7 @@ class DocumentStore(abc.ABC):
 
     def put_task(self, task: Task) -> None:
         self.put_docs([(TASK, task.name, task.model_dump_json())])
+        self.publish_change("model", task.name)
 
     def get_task(self, name: str) -> Task | None:
         return self._get(Task, TASK, name)
@@ -237,6 +295,7 @@ class DocumentStore(abc.ABC):
         docs += [(VARIANT, v.name, v.model_dump_json()) for v in variants]
         docs += [(SKIPPED, s.name, s.model_dump_json()) for s in skipped]
         self.put_docs(docs)
+        self.publish_change("model", arch.name)
 
     def get_architecture(self, name: str) -> Architecture | None:
         return self._get(Architecture, ARCH, name)
@@ -252,6 +311,7 @@ class DocumentStore(abc.ABC):
         for kind in (VARIANT, SKIPPED, PROFILE):
             self.delete_docs(kind, prefix)
         self.delete_docs(ARCH, name, exact=True)
+        self.publish_change("model", name)
 
     def get_labels(self, architecture: str) -> Labels | None:
         return self._get(Labels, LABELS, architecture)
@@ -261,9 +321,11 @@ class DocumentStore(abc.ABC):
 
     def put_labels(self, labels: Labels) -> None:
         self.put_docs([(LABELS, labels.architecture, labels.model_dump_json())])
+        self.publish_change("model", labels.architecture)
 
     def delete_labels(self, architecture: str) -> None:
         self.delete_docs(LABELS, architecture, exact=True)
+        self.publish_change("model", architecture)
 
     def get_targets(self, tenant: str, task: str) -> Targets | None:
         return self._get(Targets, TARGETS, f"{tenant}/{task}")
@@ -295,6 +357,7 @@ class DocumentStore(abc.ABC):
     def put_profile(self, profile: Profile) -> None:
         key = f"{profile.variant}@{profile.machine.machine_class}"
         self.put_docs([(PROFILE, key, profile.model_dump_json())])
+        self.publish_change("model", profile.variant.split("/", 1)[0])
 
     def get_profile(self, variant: str, machine: MachineInfo | None = None) -> Profile | None:
         found = [p for p in self._list(Profile, PROFILE, variant) if p.variant == variant]
@@ -324,13 +387,14 @@ class DocumentStore(abc.ABC):
                 (TENANT_KEY, tenant.name, digest),
             ]
         )
+        self.delete_docs(USED, tenant.name, exact=True)  # a name re-created after a revoke
 
     def tenant_for_key(self, api_key: str) -> Tenant | None:
         name = self.get_doc(KEY, hash_key(api_key))
         if name is None:
             return None
         tenant = self.get_tenant(name)
-        return None if tenant is None or tenant.revoked else tenant
+        return None if tenant is None or tenant.revoked or tenant.expired(time.time()) else tenant
 
     def get_tenant(self, name: str) -> Tenant | None:
         return self._get(Tenant, TENANT, name)
@@ -348,6 +412,13 @@ class DocumentStore(abc.ABC):
         digest = self.get_doc(TENANT_KEY, name)
         if digest is not None:
             self.delete_docs(KEY, digest, exact=True)
+        self.publish_change("tenant", name)
+
+    def touch_tenant(self, name: str, at_s: float) -> None:
+        self.put_docs([(USED, name, json.dumps([name, at_s]))])
+
+    def last_used(self) -> dict[str, float]:
+        return {name: float(at_s) for name, at_s in map(json.loads, self.list_docs(USED))}
 
     def set_share(self, name: str, share: Share) -> Tenant:
         tenant = self.get_tenant(name)
@@ -355,6 +426,7 @@ class DocumentStore(abc.ABC):
             raise TenantNotFound(f"no active tenant {name!r}", tenant=name)
         updated = tenant.model_copy(update={"share": share})
         self.put_docs([(TENANT, name, updated.model_dump_json())])
+        self.publish_change("tenant", name)
         return updated
 
     def put_front_end(self, info: FrontEndInfo) -> None:

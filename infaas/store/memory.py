@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from infaas.store.base import DocumentStore, UsageMark
+from infaas.store.base import CHANGE_LOG_LENGTH, Change, ChangeKind, DocumentStore, UsageMark
 from infaas.types import UsageDelta, UsageKey, UsageRecord
 
 __all__ = ["MemoryStore"]
@@ -20,6 +20,7 @@ class MemoryStore(DocumentStore):
         self._usage: dict[tuple[str, str, str, int], dict[str, int]] = {}
         self._marks: dict[str, int] = {}
         self._leases: dict[str, tuple[str, float]] = {}  # name → (holder, expires at, monotonic)
+        self._changes: list[Change] = []
 
     def put_docs(self, docs: Iterable[tuple[str, str, str]]) -> None:
         items = list(docs)
@@ -86,3 +87,18 @@ class MemoryStore(DocumentStore):
         with self._lock:
             if self._leases.get(name, ("", 0.0))[0] == holder:
                 del self._leases[name]
+
+    def publish_change(self, kind: ChangeKind, name: str) -> int:
+        with self._lock:
+            seq = self._changes[-1].seq + 1 if self._changes else 1
+            self._changes.append(Change(seq, kind, name))
+            del self._changes[:-CHANGE_LOG_LENGTH]
+            return seq
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        with self._lock:
+            return [c for c in self._changes if c.seq > seq][:limit]
+
+    def change_cursor(self) -> int:
+        with self._lock:
+            return self._changes[-1].seq if self._changes else 0

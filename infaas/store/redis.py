@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from infaas.errors import StoreError
-from infaas.store.base import DocumentStore, UsageMark
+from infaas.store.base import CHANGE_LOG_LENGTH, Change, ChangeKind, DocumentStore, UsageMark
 from infaas.types import UsageDelta, UsageKey, UsageRecord
 
 __all__ = ["RedisStore"]
@@ -61,6 +61,15 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
+# Append to the change log: KEYS[1] the counter, KEYS[2] the log (a sorted set scored by seq);
+# ARGV the member's tail (kind and name, JSON) and the length kept.
+_PUBLISH = """
+local seq = redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], seq, seq .. ARGV[1])
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[2]) - 1)
+return seq
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 0
@@ -93,6 +102,7 @@ class RedisStore(DocumentStore):
         self._add_marked = self._r.register_script(_ADD_MARKED)
         self._acquire = self._r.register_script(_ACQUIRE)
         self._release = self._r.register_script(_RELEASE)
+        self._publish = self._r.register_script(_PUBLISH)
 
     def _docs_key(self, kind: str) -> str:
         return f"{self.ns}:doc:{kind}"
@@ -184,6 +194,26 @@ class RedisStore(DocumentStore):
 
     def release_lease(self, name: str, holder: str) -> None:
         self._run("lease", lambda: self._release(keys=[f"{self.ns}:lease:{name}"], args=[holder]))
+
+    def publish_change(self, kind: ChangeKind, name: str) -> int:
+        keys = [f"{self.ns}:changes:seq", f"{self.ns}:changes"]
+        args: list[str | int] = [" " + json.dumps([kind, name]), CHANGE_LOG_LENGTH]
+        return int(self._run("change write", lambda: self._publish(keys=keys, args=args)))
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        members = self._run(
+            "change read", self._r.zrangebyscore, f"{self.ns}:changes", f"({seq}", "+inf", 0, limit
+        )
+        out = []
+        for member in members:
+            head, _, tail = str(member).partition(" ")
+            kind, name = json.loads(tail)
+            out.append(Change(int(head), kind, name))
+        return out
+
+    def change_cursor(self) -> int:
+        value = self._run("read", self._r.get, f"{self.ns}:changes:seq")
+        return int(value) if value is not None else 0
 
     def flush_namespace(self) -> None:
         """Delete every key of this namespace (tests use a namespace of their own)."""

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from infaas.errors import StoreError
-from infaas.store.base import DocumentStore, UsageMark
+from infaas.store.base import CHANGE_LOG_LENGTH, Change, ChangeKind, DocumentStore, UsageMark
 from infaas.types import UsageDelta, UsageKey, UsageRecord
 
 __all__ = ["SQLiteStore"]
@@ -34,6 +34,9 @@ CREATE TABLE IF NOT EXISTS usage_marks (source TEXT PRIMARY KEY, seq INTEGER NOT
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_s REAL NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, name TEXT NOT NULL
+);
 """
 
 
@@ -197,6 +200,25 @@ class SQLiteStore(DocumentStore):
     def release_lease(self, name: str, holder: str) -> None:
         with self._write() as conn:
             conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+    def publish_change(self, kind: ChangeKind, name: str) -> int:
+        with self._write() as conn:
+            cur = conn.execute("INSERT INTO changes (kind, name) VALUES (?, ?)", (kind, name))
+            seq = int(cur.lastrowid or 0)
+            if seq % 100 == 0:  # trim now and then, not on every write
+                conn.execute("DELETE FROM changes WHERE seq <= ?", (seq - CHANGE_LOG_LENGTH,))
+            return seq
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        rows = self._read(
+            "SELECT seq, kind, name FROM changes WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+        )
+        return [Change(int(r[0]), r[1], str(r[2])) for r in rows]  # type: ignore[call-overload, arg-type]
+
+    def change_cursor(self) -> int:
+        # AUTOINCREMENT numbers on from the largest ever used, also after a trim emptied the table.
+        rows = self._read("SELECT seq FROM sqlite_sequence WHERE name = 'changes'", ())
+        return int(rows[0][0]) if rows else 0  # type: ignore[call-overload]
 
     def close(self) -> None:
         with self._lock:

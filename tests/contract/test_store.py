@@ -26,6 +26,7 @@ from infaas.types import (
     MachineInfo,
     Parity,
     Profile,
+    Share,
     SkippedVariant,
     Task,
     Tenant,
@@ -206,6 +207,34 @@ def test_tenants_keys_hashed_and_revocable(store: DocumentStore) -> None:
     assert store.tenant_for_key("secret-key-1") is None
     assert store.tenant_for_key("secret-key-2") is not None
     assert [t.name for t in store.list_tenants()] == ["acme"]
+
+
+def test_the_change_log_names_what_others_must_reread(store: DocumentStore) -> None:
+    start = store.change_cursor()
+    store.put_task(make_task())
+    store.create_tenant(Tenant(name="acme"), "k1")  # a new key needs no change: it is never cached
+    store.set_share("acme", Share(weight=2.0))
+    store.revoke_tenant("acme")
+    changes = store.changes_since(start)
+    assert [(c.kind, c.name) for c in changes] == [
+        ("model", "digits-classification"),
+        ("tenant", "acme"),
+        ("tenant", "acme"),
+    ]
+    assert [c.seq for c in changes] == sorted({c.seq for c in changes})
+    assert store.change_cursor() == changes[-1].seq
+    assert store.changes_since(changes[0].seq, limit=1) == changes[1:2]
+    assert store.changes_since(store.change_cursor()) == []
+
+
+def test_an_expired_key_resolves_to_nothing_and_last_use_is_kept(store: DocumentStore) -> None:
+    store.create_tenant(Tenant(name="old", expires_at_s=time.time() - 1), "k-old")
+    store.create_tenant(Tenant(name="new", expires_at_s=time.time() + 3600), "k-new")
+    assert store.tenant_for_key("k-old") is None
+    assert store.tenant_for_key("k-new") is not None
+    assert store.last_used() == {}
+    store.touch_tenant("new", 1234.5)
+    assert store.last_used() == {"new": 1234.5}
 
 
 def test_usage_counters_add_and_filter(store: DocumentStore) -> None:

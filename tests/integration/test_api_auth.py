@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tests.integration.conftest import LiveServer
 
 
@@ -55,3 +57,24 @@ def test_bad_requests_get_json_errors(live_server: LiveServer) -> None:
         assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
     with live_server.client() as c:
         assert c.get("/healthz").status_code == 200  # still serving
+
+
+def test_a_key_expires_and_its_last_use_is_shown(live_server: LiveServer) -> None:
+    with live_server.client(live_server.admin_key) as admin:
+        r = admin.post("/v1/admin/tenants", json={"name": "brief", "expires_in_s": 1.5})
+        assert r.status_code == 201, r.text
+        created = r.json()
+        assert created["expires_at_s"] > time.time()
+        assert admin.post("/v1/admin/tenants", json={"name": "x", "expires_in_s": -1}).status_code == 400
+        with live_server.client(created["api_key"]) as c:
+            assert c.get("/v1/tasks").status_code == 200
+            for _ in range(50):  # the last use is written in the background, off the request
+                [listed] = [t for t in admin.get("/v1/admin/tenants").json() if t["name"] == "brief"]
+                if listed["last_used_s"] is not None:
+                    break
+                time.sleep(0.02)
+            assert listed["expires_at_s"] == created["expires_at_s"]
+            assert listed["last_used_s"] is not None and abs(listed["last_used_s"] - time.time()) < 60
+            time.sleep(max(0.0, created["expires_at_s"] - time.time()) + 0.1)
+            r = c.get("/v1/tasks")  # cached a moment ago, and refused all the same
+            assert r.status_code == 401 and "expired" in r.json()["detail"]

@@ -89,6 +89,21 @@ def _usage(url: str) -> tuple[int, int]:
     )
 
 
+def _revoke_across(fe1: Served, fe2: Served) -> float:
+    """Revoke a key on `fe1` that `fe2` has cached; seconds until `fe2` refuses it (the change
+    log, not the key cache's TTL)."""
+    key = fe1.new_tenant("leaving")
+    with fe2.client(key) as http:
+        assert http.get("/v1/tasks").status_code == 200  # resolved and cached there
+        with fe1.client(fe1.admin_key) as admin:
+            assert admin.delete("/v1/admin/tenants/leaving").status_code == 204
+        revoked_s = time.monotonic()
+        while (status := http.get("/v1/tasks").status_code) == 200:
+            assert time.monotonic() - revoked_s < 10, "never refused"
+        assert status == 401
+        return time.monotonic() - revoked_s
+
+
 def _charged(answered: list[dict[str, Any]]) -> tuple[int, int]:
     return len(answered), sum(int(b["cost_pusd"]) for b in answered)
 
@@ -134,6 +149,9 @@ def test_two_front_ends_share_one_fleet_across_two_nodes(
         # a 422), not after its next sync.
         r = _query(fe2, owner, modelless, answered)
         assert r.status_code == 200, r.text
+        revoked_within_s = _revoke_across(fe1, fe2)
+        print(f"\na key revoked on one front end refused by the other after {revoked_within_s:.3f} s")
+        assert revoked_within_s <= 1.0
         for name in variants:
             for fe in (fe1, fe2, fe1, fe2):
                 pinned = {"task": "digits", "inputs": row, "latency_ms": 5000, "variant": name}

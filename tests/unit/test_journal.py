@@ -178,6 +178,34 @@ def test_os_mode_is_durable_once_written(tmp_path: Path) -> None:
     again.close()
 
 
+def test_os_mode_syncs_in_the_background_before_the_store_counts(tmp_path: Path) -> None:
+    """Answers wait only for the OS; the flush syncs first, so the store's mark never passes what
+    is on disk (a power cut would otherwise make a restart reuse counted sequence numbers)."""
+    store = MemoryStore()
+    journal = UsageJournal(tmp_path / "journal", fsync=False)
+    meter = Meter(store, journal)
+    answered(meter, [3, 4])
+    assert journal.synced_seq == 0  # nothing synced on the answers' path
+    meter.flush()
+    assert journal.synced_seq == 2 and store.usage_mark(journal.source) == 2
+    journal.close()
+
+
+def test_os_mode_syncs_while_the_store_is_down(tmp_path: Path) -> None:
+    """The loss window on a power cut stays one flush interval during a store outage too."""
+    store = MemoryStore()
+    journal = UsageJournal(tmp_path / "journal", fsync=False)
+    meter = Meter(FlakySink(store, failures=5), journal)
+    answered(meter, [3])
+    with pytest.raises(ConnectionError):
+        meter.flush()
+    answered(meter, [4])
+    with pytest.raises(ConnectionError):
+        meter.flush()
+    assert journal.synced_seq == 2 and store.usage_mark(journal.source) == 0
+    journal.close()
+
+
 def test_refusals_and_failures_land_even_in_a_flush_with_no_new_charge(tmp_path: Path) -> None:
     """They are counted (SLO attainment is over every query sent) but not journaled (not money):
     a flush holding only them carries no mark, so the store must not skip it as a replay."""

@@ -39,17 +39,26 @@ def create_tenant(body: TenantCreate, request: Request, _: AdminPrincipal) -> Te
         # would be indistinguishable from it.
         raise InvalidInput(f"{body.name!r} is a reserved name; choose another", tenant=body.name)
     key = new_api_key()
-    _store(request).create_tenant(Tenant(name=body.name, role=body.role, created_at_s=time.time()), key)
-    return TenantCreated(name=body.name, role=body.role, api_key=key)
+    now_s = time.time()
+    expires_at_s = now_s + body.expires_in_s if body.expires_in_s is not None else None
+    tenant = Tenant(name=body.name, role=body.role, created_at_s=now_s, expires_at_s=expires_at_s)
+    _store(request).create_tenant(tenant, key)
+    return TenantCreated(name=body.name, role=body.role, api_key=key, expires_at_s=expires_at_s)
 
 
 @router.get("", dependencies=KEY_REQUIRED, responses=error_responses(*ADMIN_KEY))
 def list_tenants(request: Request, _: AdminPrincipal) -> list[TenantOut]:
-    return [_out(t) for t in _store(request).list_tenants()]
+    store = _store(request)
+    used = store.last_used()
+    return [_out(t, used.get(t.name)) for t in store.list_tenants()]
 
 
-def _out(tenant: Tenant) -> TenantOut:
-    return TenantOut(**tenant.model_dump(exclude={"share"}), share=ShareIn(**tenant.share.model_dump()))
+def _out(tenant: Tenant, last_used_s: float | None = None) -> TenantOut:
+    return TenantOut(
+        **tenant.model_dump(exclude={"share"}),
+        share=ShareIn(**tenant.share.model_dump()),
+        last_used_s=last_used_s,
+    )
 
 
 @router.put(
@@ -59,8 +68,8 @@ def _out(tenant: Tenant) -> TenantOut:
 )
 def set_share(name: str, body: ShareIn, request: Request, _: AdminPrincipal) -> TenantOut:
     """Set a tenant's weight and optional rate quota. Its keys are dropped from this front end's
-    key cache, so its next query here carries the new share (other front ends: within the
-    cache's TTL)."""
+    key cache, so its next query here carries the new share (other front ends: within
+    `change_poll_interval_s`, through the store's change log)."""
     if name in RESERVED_NAMES:
         raise InvalidInput("the admin key has no share: it is not a tenant", tenant=name)
     tenant = _store(request).set_share(name, Share(**body.model_dump()))
