@@ -13,6 +13,10 @@ process that loads a variant (a Ray worker, the front end's fast path) asks the 
   end that registered a model and was then stopped), and over an S3-compatible store, which would
   be one more service to run for artifacts of a few MB. Workers fetch by hash into a per-node
   cache, check the hash, and never read a front end's data directory.
+
+The node cache is not trusted either (SECURITY.md): it is created private to the user (0700; a
+directory of that name owned by another user is refused), and a process re-hashes a cached
+artifact the first time it uses it; one that does not match its name is deleted and fetched again.
 """
 
 from __future__ import annotations
@@ -146,9 +150,10 @@ class RedisArtifacts:
         self.timeout_s = timeout_s
         self._client: Any = None
         self.fetched: list[str] = []  # content hashes this object fetched from Redis (tests, describe)
+        self._verified: set[str] = set()  # cached artifacts this process has re-hashed
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "fetched": []}
+        return {**self.__dict__, "_client": None, "fetched": [], "_verified": set()}
 
     def for_nodes(self) -> RedisArtifacts:
         """A copy for processes on any node (workers, node profilers): it never reads this front
@@ -204,8 +209,15 @@ class RedisArtifacts:
         into it first when missing)."""
         if self.local_dir is not None and (self.local_dir / rel).exists():
             return self.local_dir
-        if not (self.cache_dir / rel).exists():
+        _private_dir(self.cache_dir)
+        cached = self.cache_dir / rel
+        if cached.exists() and rel not in self._verified and sha256_path(cached) != _sha_of(rel):
+            # Changed since it was fetched (the disk, or someone with this user's access to the
+            # node): fetch it again rather than load what its name does not promise.
+            shutil.rmtree(cached.parent, ignore_errors=True)
+        if not cached.exists():
             self._fetch(rel, what or rel)
+        self._verified.add(rel)
         return self.cache_dir
 
     def _fetch(self, rel: str, what: str) -> None:
@@ -243,6 +255,19 @@ class RedisArtifacts:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.fetched.append(sha)
+
+
+def _private_dir(path: Path) -> None:
+    """Create `path` private to this user, or check that it is: a node's temporary directory is
+    shared by its users, and a cache another one owns could hand this one's workers any bytes."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise StoreError(
+            f"the artifact cache {path} is owned by another user or writable by others; remove it "
+            "(it is rebuilt from the artifact store)",
+            path=str(path),
+        )
 
 
 def _sha_of(rel: str) -> str:

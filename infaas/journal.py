@@ -7,8 +7,8 @@ record (a sequence number and what its usage counters are made of), and the quer
 until its record is durable before it replies.
 
 Layout and cost. The journal is a directory of append-only segment files (``seg-<first seq>.log``)
-of length-prefixed, CRC-checked records. Records appended during one event-loop iteration go to the
-file in one ``write`` from the loop thread; with ``fsync=True`` a helper *process* then
+of length-prefixed, CRC-checked records. With ``fsync=True`` the records appended during one
+event-loop iteration go to the file in one ``write`` from the loop thread, and a helper *process* then
 ``fdatasync``s the file while the next group accumulates (group commit: one sync in flight at a
 time), and its acknowledgement, read by the loop like any socket, wakes the waiting handlers.
 A process, not a thread: a thread needs the GIL after it wakes and again after the sync, and on a
@@ -325,10 +325,15 @@ class UsageJournal:
         return self._last_seq
 
     def append(self, entry: JournalEntry) -> None:
-        """Buffer `entry` (entries must come in `seq` order); it is written at the end of this
-        event-loop iteration, together with the others appended in it (at once without a loop)."""
+        """Buffer `entry` (entries must come in `seq` order). With fsync it is written at the end
+        of this event-loop iteration, together with the others appended in it (one write and one
+        sync for the group); without, at once: a ``write`` to the page cache costs a few µs, less
+        than the future and the two loop iterations an answer would wait for the group's."""
         self._buf += _pack(entry)
         self._buffered_seq = entry.seq
+        if self._syncer is None:
+            self._write()
+            return
         if self._write_scheduled:
             return
         try:

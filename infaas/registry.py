@@ -198,6 +198,7 @@ class Registry:
         profile: bool = True,
         progress: ProgressFn | None = None,
         new_version: bool = False,
+        trust_pickle: bool = True,
     ) -> RegistrationResult:
         """Register the model at `upload` (file or SavedModel directory) as architecture `name`.
 
@@ -228,6 +229,13 @@ class Registry:
             raise Forbidden(
                 "scikit-learn uploads are unpickled, which runs arbitrary code, so only the admin may "
                 "register them; convert the model to ONNX (skl2onnx) and upload the .onnx instead",
+                kind="sklearn",
+            )
+        if kind == "sklearn" and not trust_pickle:
+            raise InvalidInput(
+                "a scikit-learn upload is a pickle: loading it runs any code it holds, in the front "
+                'end and on every worker. Set "trust_pickle": true in the metadata if you trust '
+                "its source, or convert it to ONNX (skl2onnx) and upload the .onnx",
                 kind="sklearn",
             )
         limit = int(self.settings.max_upload_mb * _MB)

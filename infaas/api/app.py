@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from infaas.api.auth import KeyCache, ensure_admin_key
 from infaas.api.errors import install_error_handlers
+from infaas.api.gate import AuthGate
 from infaas.api.limits import BodyLimit
 from infaas.api.openapi import install_openapi
 from infaas.api.routes import (
@@ -367,6 +368,7 @@ def create_app(
         max_request_bytes=int(settings.max_request_mb * _MB),
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
+    app.add_middleware(AuthGate)  # outside the body limit: a stranger gets 401, not 413
     app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
     modules = (
         health,

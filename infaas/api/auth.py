@@ -37,6 +37,7 @@ from infaas.types import Principal, Tenant
 
 __all__ = [
     "KEY_CACHE_TTL_S",
+    "PRINCIPAL_STATE",
     "TOUCH_INTERVAL_S",
     "AdminPrincipal",
     "KeyCache",
@@ -50,6 +51,9 @@ __all__ = [
 KEY_CACHE_TTL_S = 5.0
 """How long a resolved key is answered without asking the store again (revocations made through
 the API arrive sooner, through the change log)."""
+
+PRINCIPAL_STATE = "infaas.principal"
+"""Where `infaas.api.gate.AuthGate` leaves the principal it authenticated in the request's state."""
 
 TOUCH_INTERVAL_S = 60.0
 """A key's last use is written to the store at most this often (the admin API shows it)."""
@@ -201,6 +205,9 @@ async def authenticate(request: Request) -> Principal:
     dependency in its thread pool, a thread hop per request that cost more than the rest of the
     check. A cache miss reads the store in a thread (once per key and TTL); when the store fails,
     a key confirmed within the grace is still accepted (`KeyCache.stale`), any other gets 503."""
+    passed = request.scope.get("state", {}).get(PRINCIPAL_STATE)
+    if passed is not None:  # the gate authenticated this request before its body was read
+        return passed  # type: ignore[no-any-return]
     token = _bearer(request)
     admin_key: str = request.app.state.admin_key
     if hmac.compare_digest(token.encode(), admin_key.encode()):

@@ -50,6 +50,11 @@ class ModelMetadata(_Wire):
         default=False,
         description="other bytes under an existing name become its next version (else 409)",
     )
+    trust_pickle: bool = Field(
+        default=False,
+        description="a scikit-learn upload is a pickle, and unpickling it runs whatever code it "
+        "holds, in the front end and the workers: the admin says so explicitly (else 400)",
+    )
 
 
 class ArchitectureOut(_Wire):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +106,25 @@ def test_pack_and_unpack_round_trip_a_directory(tmp_path: Path) -> None:
     data, is_dir = pack(tmp_path / "data" / variant.artifact)
     unpack(data, is_dir, tmp_path / "copy" / "model")
     assert is_dir and sha256_path(tmp_path / "copy" / "model") == variant.sha256
+
+
+@pytest.mark.redis
+def test_a_cached_artifact_changed_on_disk_is_fetched_again(redis_url: str, tmp_path: Path) -> None:
+    ns = f"test-{uuid.uuid4().hex[:8]}"
+    here = RedisArtifacts(redis_url, local_dir=tmp_path / "data", namespace=ns)
+    variant = write_variant(tmp_path / "data", as_dir=False)
+    here.publish(variant)
+    try:
+        first = RedisArtifacts(redis_url, cache_dir=tmp_path / "cache", namespace=ns)
+        cached = first.root(variant) / variant.artifact
+        assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o700
+        cached.write_bytes(b"swapped by someone with access to the node")
+        later = RedisArtifacts(redis_url, cache_dir=tmp_path / "cache", namespace=ns)  # a new worker
+        assert sha256_path(later.root(variant) / variant.artifact) == variant.sha256
+        assert later.fetched == [variant.sha256]
+        (tmp_path / "open").mkdir(mode=0o777)
+        (tmp_path / "open").chmod(0o777)
+        with pytest.raises(StoreError, match="writable by others"):
+            RedisArtifacts(redis_url, cache_dir=tmp_path / "open", namespace=ns).root(variant)
+    finally:
+        here._redis().delete(f"{ns}:artifact:{variant.sha256}")

@@ -37,12 +37,13 @@ def _post(
     validation: bytes | None = None,
     task: str = "digits",
     profile: bool = False,
+    trust_pickle: bool = False,
 ) -> tuple[int, dict[str, object]]:
     """Registration under test here, not profiling (tests/integration/profiler covers that)."""
     files = {"model": model}
     if validation is not None:
         files["validation"] = ("val.npz", validation)
-    meta = {"name": name, "task": task, "profile": profile}
+    meta = {"name": name, "task": task, "profile": profile, "trust_pickle": trust_pickle}
     with server.client(key) as c:
         r = c.post("/v1/models", files=files, data={"metadata": json.dumps(meta)})
     return r.status_code, r.json()
@@ -129,6 +130,9 @@ def test_sklearn_upload_is_admin_only(
     assert status == 403 and body["error"] == "forbidden"
     assert "ONNX" in str(body["detail"])
     status, body = _post(live_server, live_server.admin_key, "lr", ("lr.joblib", buf.getvalue()), val)
+    assert status == 400 and "trust_pickle" in str(body["detail"])  # code execution, said out loud
+    admin = live_server.admin_key
+    status, body = _post(live_server, admin, "lr", ("lr.joblib", buf.getvalue()), val, trust_pickle=True)
     assert status == 201, body
     assert "lr/sklearn-cpu-fp32-t1" in {v["name"] for v in body["variants"]}  # type: ignore[union-attr]
 

@@ -4,8 +4,9 @@ The document is what clients, generators and fuzzers read. A status, media type,
 does not list is a bug, in the document or in the code, and a 5xx is a bug in the code (issue 9).
 The service runs as deployed (uvicorn, the app factory, a copy of the small zoo) with the
 in-process worker pool, so no Ray. Each operation is fuzzed (the document's examples, boundary and
-wrong-type cases, random cases), then linked operations are chained (stateful), once with a tenant
-key and once with the admin key: a tenant's answers (403 on admin routes, its own usage) differ.
+wrong-type cases, random cases), then linked operations are chained (stateful), with a tenant key,
+an owner key and the admin key: their answers (403 on admin routes and, for a tenant, on uploads
+before the body is read; its own usage) differ.
 
 `@schema.parametrize()` needs the operations when pytest collects the tests, before any server
 runs, so the document is built from an app made for that alone (nothing served, nothing written);
@@ -59,7 +60,7 @@ whether the answers are documented."""
 MAX_EXAMPLES = 40
 """Random cases per operation and key; the coverage phase adds its own (boundaries, wrong types)."""
 
-MIN_CASES_PER_KEY = 500
+MIN_CASES_PER_KEY = 1000
 STATEFUL_STEPS = 6
 STATEFUL_MIN_STEPS = 100
 STATEFUL_RUNS = 5
@@ -72,8 +73,8 @@ STATEFUL_SETTINGS = hypothesis.settings(
     suppress_health_check=list(HealthCheck),
 )
 
-ROLES = ("tenant", "admin")
-"""Tenant first: the admin's run deletes tenants it finds (DELETE /v1/admin/tenants/{name})."""
+ROLES = ("tenant", "owner", "admin")
+"""Tenant and owner first: the admin's run deletes tenants it finds (DELETE /v1/admin/tenants/{name})."""
 
 _cases: Counter[str] = Counter()
 """Requests sent per key, fuzzing and stateful together."""
@@ -123,7 +124,9 @@ def role(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def key(server: LiveServer, role: str) -> str:
-    return server.admin_key if role == "admin" else server.new_tenant(f"fuzz-{uuid.uuid4().hex[:8]}")
+    if role == "admin":
+        return server.admin_key
+    return server.new_tenant(f"fuzz-{uuid.uuid4().hex[:8]}", role=role)
 
 
 @schema.parametrize()

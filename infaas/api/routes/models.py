@@ -167,6 +167,7 @@ async def register_model(
             role=principal.role,
             profile=meta.profile,
             new_version=meta.new_version,
+            trust_pickle=meta.trust_pickle,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
