@@ -226,6 +226,7 @@ class AsyncBatcher:
         deadline_s: float,
         tenant: str = "",
         weight: float = 1.0,
+        background: bool = False,
     ) -> BatchResult:
         """Queue `rows` for `variant` on behalf of `tenant` (its fair share: `weight`) and wait
         for this request's share of its batch."""
@@ -233,7 +234,8 @@ class AsyncBatcher:
             raise Unavailable("the batcher is shutting down; retry on another front end")
         if rows.ndim < 1 or rows.shape[0] < 1:
             raise InvalidInput("a query needs at least one input row")
-        self._last_submit_s = self._timer.now_s()
+        if not background:
+            self._last_submit_s = self._timer.now_s()
         queue = self._queues.get(variant.name)
         ahead = queue.pending.rows_ahead(tenant) if queue is not None else 0
         if ahead + rows.shape[0] > self._max_queue_rows:
@@ -476,7 +478,7 @@ class AsyncBatcher:
         return {name: len(q.in_flight) for name, q in self._queues.items() if q.in_flight}
 
     def last_submit_s(self) -> float:
-        """When a request was last queued, on the timer's clock (-inf before the first)."""
+        """When an online request was last queued, on the timer's clock (-inf before the first)."""
         return self._last_submit_s
 
     async def close(self) -> None:

@@ -1,18 +1,25 @@
 """Offline batch jobs: a file of rows in, a file of outputs out, at the lowest cost, below online
 queries in priority, charged exactly once even across restarts.
 
-A job is split into chunks of `INFAAS_JOB_CHUNK_ROWS` rows (8 192). Each chunk runs on the
-cheapest variant that meets the job's accuracy (and cost) targets, in batches of that variant's
-largest batch, sent straight to the worker pool one at a time, and only while no online query
-waits in any queue (they share the CPUs). While online queries flow, the job also paces itself to
-`INFAAS_JOB_SHARE` of wall time (`pause_s`): running flat out it made ~1 700 Ray calls a second
-from the front end's loop, and online answers waited behind them (p99 125 ms against a 100 ms
-target once in CI, 9-16 ms on a quiet machine). Alone, it runs flat out. A chunk is finished in
-three steps, in this order, each safe to repeat:
+Jobs use the online queries' data path, not one of their own: the router chooses each chunk's
+variant (`Router.route_async`, the same selection and verdict, with the job's accuracy and cost
+targets and no latency target: a cold variant it wants is loaded and waited for), its rows go
+through the variant's batcher queue, and its charge through the meter.
+
+A job is split into chunks of `INFAAS_JOB_CHUNK_ROWS` rows (8 192), each sent in batches of the
+chosen variant's largest batch, one at a time, to the batcher as the flow ``job:<tenant>`` with a
+weight of `JOB_WEIGHT`: fair queuing puts online rows ahead of it (a job's batch waits for
+them, and online rows that arrive behind a job's batch still go first), and the batcher may merge
+both into one batch. A job also submits only while no online query waits in any queue, and, while
+online queries flow, paces itself to `INFAAS_JOB_SHARE` of wall time (`pause_s`): running flat out
+it made ~1 700 worker calls a second from the front end's loop, and online answers waited behind
+them (p99 125 ms against a 100 ms target once in CI, 9-16 ms on a quiet machine). Alone, it runs
+flat out. A chunk is finished in three steps, in this order, each safe to repeat:
 
 1. its outputs and its cost go to ``jobs/<id>/chunk-<n>.npz`` (written aside, then renamed);
-2. its usage goes to the store with the mark ``("job:<id>", n + 1)``: the store adds a marked
-   batch at most once, so a chunk replayed after a crash is never charged twice;
+2. its charge goes through the meter (`Meter.charge_once`) with the mark ``("job:<id>", n + 1)``
+   and is written to the store (`Meter.flush_once`): the store adds a marked charge at most
+   once, so a chunk replayed after a crash is never charged twice;
 3. the job's record moves to ``chunks_done = n + 1`` with the chunk's cost added.
 
 After a restart, the runner resumes every job that was queued or running from its record: a chunk
@@ -37,33 +44,25 @@ from pathlib import Path
 import numpy as np
 
 from infaas.dataplane import parse_inputs
-from infaas.errors import Conflict, InvalidInput, NoFeasibleVariant, NotFound
-from infaas.metering import cost_share_pusd
-from infaas.policy.selection import Infeasible, LiveState
-from infaas.router import Router
+from infaas.errors import Conflict, InvalidInput, NotFound, Overloaded
+from infaas.metering import Meter, cost_share_pusd
+from infaas.router import Routed, Router
 from infaas.settings import Settings
 from infaas.store import MetadataStore
-from infaas.types import (
-    COUNTER_COST_PUSD,
-    COUNTER_QUERIES,
-    COUNTER_ROWS,
-    COUNTER_SLO_MET,
-    SLO,
-    Job,
-    Principal,
-    Task,
-    UsageDelta,
-    UsageKey,
-)
-from infaas.workers.base import Batcher, WorkerPool
+from infaas.types import SLO, Job, Principal, Task
+from infaas.workers.base import Batcher
 
-__all__ = ["MAX_ROWS", "ONLINE_RECENT_S", "JobRunner", "pause_s", "read_rows"]
+__all__ = ["JOB_WEIGHT", "MAX_ROWS", "ONLINE_RECENT_S", "JobRunner", "pause_s", "read_rows"]
 
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 10_000_000
 _OFFLINE_LATENCY_MS = 3_600_000.0  # no latency target: any variant is fast enough for a file
 ONLINE_RECENT_S = 1.0  # online traffic "flows" while a query was queued this recently
+JOB_WEIGHT = 0.01
+"""A job's weight in a variant's fair queue: a hundredth of a tenant's default."""
+COLD_WAIT_S = 600.0
+"""How long a chunk waits for the variant the router wants to load (a TensorFlow one: seconds)."""
 
 
 def pause_s(busy_s: float, share: float, online_idle_s: float) -> float:
@@ -106,8 +105,8 @@ class JobRunner:
         settings: Settings,
         store: MetadataStore,
         router: Router,
-        pool: WorkerPool,
         batcher: Batcher,
+        meter: Meter,
         *,
         idle_wait_s: float = 0.005,
     ) -> None:
@@ -116,8 +115,8 @@ class JobRunner:
         self._share = settings.job_share
         self._store = store
         self._router = router
-        self._pool = pool
         self._batcher = batcher
+        self._meter = meter
         self._idle_wait_s = idle_wait_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -245,21 +244,25 @@ class JobRunner:
         done = job.model_copy(update={"state": "done", "finished_at_s": time.time()})
         await asyncio.to_thread(self._put, done)
 
-    def _pick(self, job: Job) -> str:
-        """The cheapest variant meeting the job's accuracy and cost targets (no latency target)."""
-        table = self._router.snapshot.table(job.task, job.architecture)
-        if table is None:
-            raise NotFound(f"job {job.id}: its task or architecture is gone", job=job.id)
+    async def _route(self, job: Job) -> Routed:
+        """The router's choice for the job's targets (no latency target), waiting while the
+        variant it wants loads (its verdict then is "cold": 429)."""
         slo = SLO(
             latency_ms=_OFFLINE_LATENCY_MS,
             min_accuracy=job.min_accuracy,
             max_cost_usd_per_1k=job.max_cost_usd_per_1k,
         )
-        # Priced per row at one row: the policy's own ranking (a cold fleet: load is no criterion).
-        choice = table.select(1, slo, LiveState(loaded=frozenset()))
-        if isinstance(choice, Infeasible):
-            raise NoFeasibleVariant(f"job {job.id}: {choice.reason}", job=job.id)
-        return choice.variant
+        give_up_s = time.monotonic() + COLD_WAIT_S
+        while True:
+            try:
+                # Priced per row at one row: the policy's own ranking.
+                return await self._router.route_async(
+                    job.task, 1, slo, time.monotonic(), architecture=job.architecture, tenant=_flow(job)
+                )
+            except Overloaded as busy:
+                if time.monotonic() > give_up_s:
+                    raise
+                await asyncio.sleep(min(1.0, max(0.05, float(busy.fields.get("retry_after_s") or 0.1))))
 
     async def _chunk(self, job: Job, n: int, rows: np.ndarray) -> Job:
         path = self._dir(job.id) / f"chunk-{n:06d}.npz"
@@ -267,23 +270,22 @@ class JobRunner:
             with np.load(path, allow_pickle=False) as saved:
                 cost_pusd, variant = int(saved["cost_pusd"]), str(saved["variant"])
         else:
-            variant = self._pick(job)
-            cost_pusd, outputs = await self._compute(variant, rows)
+            routed = await self._route(job)
+            variant = routed.variant.name
+            cost_pusd, outputs = await self._compute(routed, job, rows)
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, outputs=outputs, cost_pusd=np.int64(cost_pusd), variant=np.str_(variant))
             os.replace(tmp, path)
-        delta = UsageDelta(
-            key=UsageKey(
-                tenant=job.tenant, task=f"offline:{job.task}", variant=variant, minute=int(time.time() // 60)
-            ),
-            counters={
-                COUNTER_QUERIES: 1,
-                COUNTER_ROWS: len(rows),
-                COUNTER_COST_PUSD: cost_pusd,
-                COUNTER_SLO_MET: 1,
-            },
+        self._meter.charge_once(
+            (f"job:{job.id}", n + 1),
+            tenant=job.tenant,
+            task=f"offline:{job.task}",
+            variant=variant,
+            rows=len(rows),
+            cost_pusd=cost_pusd,
+            now_s=time.time(),
         )
-        counted = await asyncio.to_thread(self._store.add_usage, [delta], (f"job:{job.id}", n + 1))
+        counted = await asyncio.to_thread(self._meter.flush_once)
         latest = await asyncio.to_thread(self._get, job.id)
         if latest is None or latest.state == "cancelled":
             self._cancelled.add(job.id)
@@ -299,14 +301,12 @@ class JobRunner:
             log.info("job %s chunk %d: usage was already counted before a restart", job.id, n)
         return job
 
-    async def _compute(self, name: str, rows: np.ndarray) -> tuple[int, np.ndarray]:
-        """Run `rows` on `name` in batches of its largest size, one at a time, only while no online
-        query waits, and paced to the job's share while online queries flow."""
-        entry = self._router.snapshot.variants[name]
-        variant, profile = entry
-        assert profile is not None
+    async def _compute(self, routed: Routed, job: Job, rows: np.ndarray) -> tuple[int, np.ndarray]:
+        """Run `rows` on the routed variant through its batcher queue, in batches of its largest
+        size, one at a time, only while no online query waits, and paced to the job's share while
+        online queries flow. Returns the cost and the outputs."""
+        variant, profile = routed.variant, routed.profile
         step = variant.spec.max_batch
-        await self._batcher.warm(variant, profile)  # loaded where online batches of it would run
         outputs = []
         cost = 0
         for start in range(0, len(rows), step):
@@ -314,10 +314,24 @@ class JobRunner:
                 await asyncio.sleep(self._idle_wait_s)  # online first
             batch = rows[start : start + step]
             sent_s = time.monotonic()
-            outputs.append(await self._pool.run(variant, batch))
+            result = await self._batcher.submit(
+                variant,
+                profile,
+                batch,
+                sent_s + _OFFLINE_LATENCY_MS / 1000.0,
+                _flow(job),
+                JOB_WEIGHT,
+                background=True,
+            )
+            outputs.append(result.outputs)
             now_s = time.monotonic()
-            cost += cost_share_pusd(profile, len(batch), len(batch))
+            cost += cost_share_pusd(profile, result.batch_rows, len(batch))
             pause = pause_s(now_s - sent_s, self._share, now_s - self._batcher.last_submit_s())
             if pause > 0.0:
                 await asyncio.sleep(pause)
         return cost, np.concatenate(outputs).astype(np.float32, copy=False)
+
+
+def _flow(job: Job) -> str:
+    """The job's flow in the fair queues: apart from its tenant's online queries."""
+    return f"job:{job.tenant}"

@@ -19,6 +19,11 @@ wait is part of the latency the client sees.
 seconds), so tests drive it with a fake clock. `MeterFlusher` is the I/O shell that flushes at
 `settings.usage_flush_interval_s` and at shutdown. Listeners (`add_listener`) see one
 `MeterRecord` per answered or failed query; the Prometheus metrics hang off that hook.
+
+An offline job's chunk is charged with `charge_once`: its own mark (``job:<id>``, chunk + 1) rather
+than the journal's, since the chunk's file on disk is its journal (the job resumes from it and
+offers the same charge again, which the store's mark then skips). `flush_once` writes it before
+the job's record moves on.
 """
 
 from __future__ import annotations
@@ -177,6 +182,7 @@ class Meter:
         # per query, and building and hashing a pydantic model there costs several µs. The
         # `UsageKey`s are built at flush time.
         self._pending: dict[_Key, dict[str, int]] = {}
+        self._once: list[tuple[UsageDelta, UsageMark]] = []  # `charge_once`, in order
         self._listeners: list[Callable[[MeterRecord], None]] = []
 
     def use_journal(self, journal: UsageJournal | None) -> None:
@@ -219,6 +225,47 @@ class Meter:
                     JournalEntry(seq, tenant, task, variant, minute, rows, cost_pusd, slo_met, latency_ms)
                 )
         return Charge(key, rows, batch_rows, cost_pusd, now_s, slo)
+
+    def charge_once(
+        self,
+        mark: UsageMark,
+        *,
+        tenant: str,
+        task: str,
+        variant: str,
+        rows: int,
+        cost_pusd: int,
+        now_s: float,
+    ) -> None:
+        """Charge a unit of offline work (a job's chunk of `rows` rows: one query in the usage)
+        that the store counts at most once under `mark`, however often it is offered again."""
+        key = UsageKey(tenant=tenant, task=task, variant=variant, minute=int(now_s // 60))
+        counters = {
+            COUNTER_QUERIES: 1,
+            COUNTER_ROWS: rows,
+            COUNTER_COST_PUSD: cost_pusd,
+            COUNTER_SLO_MET: 1,  # no latency target: a chunk answered is in its SLO
+        }
+        with self._lock:
+            self._once.append((UsageDelta(key=key, counters=counters), mark))
+
+    def flush_once(self) -> int:
+        """Write the `charge_once` charges (blocking; raises if the store fails: they stay and are
+        retried by the next flush). Returns how many the store counted (not counted before)."""
+        with self._flush_lock:
+            return self._write_once()
+
+    def _write_once(self) -> int:
+        """`flush_once`'s work (the caller holds the flush lock)."""
+        counted = 0
+        while True:
+            with self._lock:
+                if not self._once:
+                    return counted
+                delta, mark = self._once[0]
+            counted += self._sink.add_usage([delta], mark=mark)
+            with self._lock:
+                self._once.pop(0)
 
     def settle(self, charged: Charge, latency_ms: float, slo_met: bool) -> MeterRecord:
         """Count the verdict of a `charge`d answer (in SLO or not, its latency bucket) and tell the
@@ -319,6 +366,7 @@ class Meter:
                 # store is down: what a power cut can lose stays one flush interval.
                 self._journal.sync()
             written = self._replay()
+            written += self._write_once()
             for _ in range(2):  # the batch in doubt, if there is one, then the pending counters
                 if self._in_doubt is None:
                     with self._lock:

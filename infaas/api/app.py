@@ -265,7 +265,7 @@ def create_app(
         app.state.placement = placement
         app.state.autoscaler = autoscaler
         app.state.dataplane = DataPlane(settings, the_store, the_router, batcher, meter)
-        app.state.jobs = job_runner = JobRunner(settings, the_store, the_router, placement, batcher)
+        app.state.jobs = job_runner = JobRunner(settings, the_store, the_router, batcher, meter)
         job_runner.start()  # resumes the jobs a stop left queued or running
         app.state.versions = versions = Versions(
             settings, the_store, app.state.registry, the_router, placement, batcher, app.state.route_log.add

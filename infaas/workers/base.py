@@ -85,10 +85,13 @@ class Batcher(Protocol):
         deadline_s: float,
         tenant: str = "",
         weight: float = 1.0,
+        background: bool = False,
     ) -> BatchResult:
         """Queue `rows` for `variant`; `deadline_s` (monotonic clock) is the request's SLO deadline, so
         the batch is sent before waiting longer would break the tightest deadline in the queue.
-        Tenants share the queue in proportion to their `weight` (`policy.fairqueue`)."""
+        Tenants share the queue in proportion to their `weight` (`policy.fairqueue`). A
+        `background` request (an offline job's batch) is not online traffic: `last_submit_s`
+        does not move for it."""
         ...
 
     async def warm(self, variant: Variant, profile: Profile) -> None:

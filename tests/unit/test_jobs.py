@@ -49,3 +49,17 @@ def test_a_job_paces_itself_only_while_online_queries_flow() -> None:
     assert pause_s(0.002, 0.5, online_idle_s=ONLINE_RECENT_S) == 0.0  # alone: flat out
     assert pause_s(0.002, 0.5, online_idle_s=math.inf) == 0.0  # no online query ever
     assert pause_s(0.002, 1.0, online_idle_s=0.0) == 0.0
+
+
+def test_jobs_have_no_data_path_of_their_own() -> None:
+    """Offline jobs go through the router, the batcher and the meter (issue 33): no selection of
+    their own, no call to the worker pool, no usage written to the store directly."""
+    import ast
+    import inspect
+
+    from infaas import jobs
+
+    tree = ast.parse(inspect.getsource(jobs))
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert {"route_async", "submit", "charge_once", "flush_once"} <= used
+    assert not used & {"select", "add_usage", "ensure_loaded", "_pool"}

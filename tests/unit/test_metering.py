@@ -177,3 +177,30 @@ def test_flusher_flushes_periodically_and_at_close() -> None:
         return periodic, len(store.usage())
 
     assert asyncio.run(scenario()) == (1, 2)
+
+
+def test_a_charge_offered_again_under_its_mark_counts_once() -> None:
+    """An offline chunk's charge: offered again after a restart, and after a flush whose reply
+    was lost (the write landed), the store counts it once."""
+    store = MemoryStore()
+    sink = FlakySink(store, failures=1, apply_then_fail=True)
+    meter = Meter(sink)
+    for _ in range(2):
+        meter.charge_once(
+            ("job:j1", 1),
+            tenant="t",
+            task="offline:d",
+            variant="v",
+            rows=10,
+            cost_pusd=70,
+            now_s=600.0,
+        )
+    with pytest.raises(ConnectionError):
+        meter.flush_once()  # landed, reply lost: stays in the meter and is offered again
+    assert meter.flush_once() == 0  # both offers skipped by the mark
+    meter.charge_once(
+        ("job:j1", 2), tenant="t", task="offline:d", variant="v", rows=5, cost_pusd=30, now_s=600.0
+    )
+    meter.flush()  # the periodic flush writes them too
+    [row] = store.usage()
+    assert row.counters == {"queries": 2, "rows": 15, "cost_pusd": 100, "slo_met": 2}
