@@ -227,6 +227,7 @@ class AsyncBatcher:
         tenant: str = "",
         weight: float = 1.0,
         background: bool = False,
+        alone: bool = False,
     ) -> BatchResult:
         """Queue `rows` for `variant` on behalf of `tenant` (its fair share: `weight`) and wait
         for this request's share of its batch."""
@@ -260,6 +261,12 @@ class AsyncBatcher:
             queue.profile, queue.params = profile, params
         now_s = self._timer.now_s()
         queue.tenants[tenant] = (now_s, (deadline_s - now_s) * 1000.0)
+        if alone and not queue.pending and not queue.in_flight:
+            # What the pump would do (an idle variant sends at once, and nothing could join),
+            # without its three loop iterations: ~0.05 ms of a one-query answer's latency here.
+            result = self._run_now(queue, rows)
+            if result is not None:
+                return result
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         queue.pending.push(
             _Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future), tenant, weight
@@ -422,6 +429,31 @@ class AsyncBatcher:
                         run_ms=run_ms,
                     )
                 )
+
+    def _run_now(self, queue: _VariantQueue, rows: np.ndarray) -> BatchResult | None:
+        """A batch of `rows` alone, run on this thread when the front end runs the variant and
+        has it loaded (`Placement.run_now`; None otherwise)."""
+        name = queue.variant.name
+        sent_s = self._timer.now_s()
+        try:
+            outputs = self._pool.run_now(queue.variant, rows)
+            if outputs is not None and outputs.shape[0] != rows.shape[0]:
+                raise Unavailable(
+                    f"the model returned {outputs.shape[0]} rows for {rows.shape[0]}", variant=name
+                )
+        except Exception as exc:
+            if self.on_outcome is not None and not self._closed:
+                self.on_outcome(name, exc)
+            raise
+        if outputs is None:
+            return None
+        if self.on_outcome is not None:
+            self.on_outcome(name, None)
+        run_ms = (self._timer.now_s() - sent_s) * 1000.0
+        batch_rows = int(rows.shape[0])
+        return BatchResult(
+            outputs=outputs, batch_rows=batch_rows, batch_requests=1, queue_ms=0.0, run_ms=run_ms
+        )
 
     async def warm(self, variant: Variant, profile: Profile) -> None:
         """Load `variant` where its batches will run (`Placement.place`)."""

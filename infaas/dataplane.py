@@ -436,6 +436,7 @@ class DataPlane:
                 received_s + slo.latency_ms / 1000.0,
                 principal.name,
                 principal.share.weight,
+                alone=self.limit.in_flight == 1,  # this query's slot only: nothing could join it
             )
             cost_pusd = cost_share_pusd(routed.profile, result.batch_rows, rows)
         except Exception as exc:

@@ -334,7 +334,6 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
         telemetry={"tracing": False, "metrics": False, "logs": False},
-        routes=[query.route],  # first in the table: the hot path, served without FastAPI's routing
     )
     app.state.settings = settings
     app.state.store = the_store
@@ -369,6 +368,7 @@ def create_app(
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
     app.add_middleware(AuthGate)  # outside the body limit: a stranger gets 401, not 413
+    app.add_middleware(query.QueryLane, max_request_bytes=int(settings.max_request_mb * _MB))
     app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
     modules = (
         health,

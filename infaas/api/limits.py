@@ -9,10 +9,34 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infaas.api.errors import status_for
 from infaas.errors import PayloadTooLarge
 
-__all__ = ["BodyLimit"]
+__all__ = ["BodyLimit", "limited_receive", "too_large"]
 
 
 _UPLOADS = frozenset({"/v1/models", "/v1/jobs"})
+
+
+def too_large(scope: Scope, limit: int) -> PayloadTooLarge | None:
+    """The 413 for a request whose declared length is over `limit` (None: under it, or unsaid)."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return PayloadTooLarge(f"body over the {limit} byte limit", limit_bytes=limit)
+    return None
+
+
+def limited_receive(receive: Receive, limit: int) -> Receive:
+    """`receive` that raises `PayloadTooLarge` once more than `limit` body bytes have come."""
+    seen = 0
+
+    async def counting_receive() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise PayloadTooLarge(f"body over the {limit} byte limit", limit_bytes=limit)
+        return message
+
+    return counting_receive
 
 
 class BodyLimit:
@@ -28,25 +52,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_upload if scope["path"].rstrip("/") in _UPLOADS else self.max_request
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await self._reject(send, limit)
+        refused = too_large(scope, limit)
+        if refused is not None:
+            await self._reject(send, refused)
             return
-        seen = 0
+        await self.app(scope, limited_receive(receive, limit), send)
 
-        async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise PayloadTooLarge(f"body over the {limit} byte limit", limit_bytes=limit)
-            return message
-
-        await self.app(scope, counting_receive, send)
-
-    async def _reject(self, send: Send, limit: int) -> None:
-        exc = PayloadTooLarge(f"body over the {limit} byte limit", limit_bytes=limit)
+    async def _reject(self, send: Send, exc: PayloadTooLarge) -> None:
         body = json.dumps(exc.to_body()).encode()
         await send(
             {

@@ -86,12 +86,15 @@ class Batcher(Protocol):
         tenant: str = "",
         weight: float = 1.0,
         background: bool = False,
+        alone: bool = False,
     ) -> BatchResult:
         """Queue `rows` for `variant`; `deadline_s` (monotonic clock) is the request's SLO deadline, so
         the batch is sent before waiting longer would break the tightest deadline in the queue.
         Tenants share the queue in proportion to their `weight` (`policy.fairqueue`). A
         `background` request (an offline job's batch) is not online traffic: `last_submit_s`
-        does not move for it."""
+        does not move for it. `alone`: the caller has no other query in flight, so no other
+        request could join this one's batch; one for a variant the front end runs itself then
+        runs at once, without the queue's loop iterations."""
         ...
 
     async def warm(self, variant: Variant, profile: Profile) -> None:

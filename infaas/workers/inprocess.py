@@ -89,11 +89,20 @@ class InProcessPool:
         self._closed = False
 
     async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
+        outputs = self.run_now(variant, batch)
+        if outputs is not None:
+            return outputs
+        return self._predict(await self._load(variant, reason="on demand: not loaded"), batch)
+
+    def run_now(self, variant: Variant, batch: np.ndarray) -> np.ndarray | None:
+        """`run` on this thread without a suspension point, when `variant` is loaded (None: it
+        is not, and loading it needs `run`)."""
         if self._closed:
             raise Unavailable("the worker pool is closed")
         model = self._models.get(variant.name)
-        if model is None:
-            model = await self._load(variant, reason="on demand: not loaded")
+        return None if model is None else self._predict(model, batch)
+
+    def _predict(self, model: LoadedModel, batch: np.ndarray) -> np.ndarray:
         self._running += 1
         try:
             return model.predict(batch)

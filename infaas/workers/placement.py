@@ -128,6 +128,15 @@ class Placement:
 
     # ---- the WorkerPool protocol, following the decision -----------------------------------
 
+    def run_now(self, variant: Variant, batch: np.ndarray) -> np.ndarray | None:
+        """Run `batch` on this thread at once when `variant` runs in the front end and is loaded
+        (None otherwise: `run` it)."""
+        run_now = getattr(self.local, "run_now", None)  # the in-process pool's; a test pool may lack it
+        if run_now is None or self.path(variant.name) != "local":
+            return None
+        outputs: np.ndarray | None = run_now(variant, batch)
+        return outputs
+
     async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
         pool = self._pool(variant.name)
         if pool is self.local and not pool.is_loaded(variant.name):

@@ -4,6 +4,11 @@ authenticate, parse the body, and hand the query to the data plane (`infaas.data
 checks, routing, batching, the charge, the SLO verdict, metering), then render its answer.
 ``latency_ms`` is measured from the moment the request reached the app (`ReceiptStamp`, the
 outermost middleware) to the moment its reply is built.
+
+The app serves it through `QueryLane`, the middleware just inside `ReceiptStamp`, not through the
+rest of its middleware and its router: a query pays for what it uses (its body limit, errors as
+JSON) and not for eight layers of ASGI calls that do nothing for it. The FastAPI route in `router`
+stays for the OpenAPI document; a request never reaches it.
 """
 
 from __future__ import annotations
@@ -13,18 +18,18 @@ import time
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infaas.api.auth import authenticate
-from infaas.api.errors import _validation_detail
+from infaas.api.errors import _validation_detail, error_response
+from infaas.api.limits import limited_receive, too_large
 from infaas.api.openapi import QUERY_ROUTE
 from infaas.api.schemas import QueryRequest, QueryResponse
 from infaas.dataplane import DataPlane, InferenceRequest
-from infaas.errors import InvalidInput
+from infaas.errors import InfaasError, InvalidInput
 from infaas.types import SLO
 
-__all__ = ["ReceiptStamp", "route", "router"]
+__all__ = ["QueryLane", "ReceiptStamp", "router"]
 
 router = APIRouter(tags=["query"])
 """FastAPI's route for ``POST /v1/query``, kept for the OpenAPI docs; `route` serves it."""
@@ -42,6 +47,30 @@ class ReceiptStamp:
         if scope["type"] == "http":
             scope.setdefault("state", {})[_RECEIVED] = time.monotonic()
         await self.app(scope, receive, send)
+
+
+class QueryLane:
+    """Pure ASGI middleware (see the module docstring): ``POST /v1/query`` is answered here with
+    `query`; any other request goes on into the app. An `InfaasError` becomes its JSON answer as
+    the app's handlers would make it; anything else propagates to the app's outermost handler
+    (a JSON 500)."""
+
+    def __init__(self, app: ASGIApp, max_request_bytes: int) -> None:
+        self.app = app
+        self._limit = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/query" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            refused = too_large(scope, self._limit)
+            if refused is not None:
+                raise refused
+            response = await query(Request(scope, limited_receive(receive, self._limit)))
+        except InfaasError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
 
 
 def _parse_request(body: bytes) -> QueryRequest:
@@ -74,7 +103,7 @@ async def query(request: Request) -> Response:
     # Read from the scope, not `request.state`: that builds a `State` wrapper per request.
     received_s: float = request.scope.get("state", {}).get(_RECEIVED) or time.monotonic()
     # The same check as the `TenantPrincipal` dependency (any valid key), called directly: this
-    # handler is served by a plain Starlette route (`route`), which resolves no dependencies.
+    # handler is served by `QueryLane`, which resolves no dependencies.
     principal = await authenticate(request)
     dataplane: DataPlane = request.app.state.dataplane
     try:
@@ -100,12 +129,3 @@ async def query(request: Request) -> Response:
     )
     body = {"outputs": answer.outputs.tolist(), **answer.decision()}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
-
-
-route = Route("/v1/query", query, methods=["POST"])
-"""How the app serves ``POST /v1/query``: a plain Starlette route, placed ahead of every FastAPI
-route. FastAPI's per-request route handling (dependency solving, its scope bookkeeping, the match
-against each route before this one) cost ~60 µs per query here, a third of the service's own CPU
-per query (docs/benchmarks.md, "Serving"), and this handler uses none of it: it authenticates,
-parses the body (`openapi_extra` documents it) and builds its JSON reply itself. The FastAPI route
-in `router` stays behind it for the OpenAPI docs; a request never reaches it."""
