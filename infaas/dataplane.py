@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -181,6 +181,7 @@ class DataPlane:
         batcher: Batcher,
         meter: Meter,
         targets_ttl_s: float = 5.0,
+        requests_in_flight: Callable[[], int] | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -188,6 +189,9 @@ class DataPlane:
         self._batcher = batcher
         self._meter = meter
         self._targets_ttl_s = targets_ttl_s
+        self._requests_in_flight = requests_in_flight
+        """The HTTP server's requests in progress (uvicorn's request tasks), counted from the
+        moment their headers were parsed: 1 means no other request could join this one's batch."""
         self._targets: dict[tuple[str, str], tuple[SLO, float]] = {}
         self._doors: dict[str, DoorShedder] = {}
         self._quotas: dict[str, tuple[Share, RateQuota]] = {}  # tenant → its share, its bucket
@@ -436,7 +440,7 @@ class DataPlane:
                 received_s + slo.latency_ms / 1000.0,
                 principal.name,
                 principal.share.weight,
-                alone=self.limit.in_flight == 1,  # this query's slot only: nothing could join it
+                alone=self._requests_in_flight is not None and self._requests_in_flight() <= 1,
             )
             cost_pusd = cost_share_pusd(routed.profile, result.batch_rows, rows)
         except Exception as exc:

@@ -264,7 +264,15 @@ def create_app(
         app.state.pool, app.state.batcher, app.state.router = the_pool, batcher, the_router
         app.state.placement = placement
         app.state.autoscaler = autoscaler
-        app.state.dataplane = DataPlane(settings, the_store, the_router, batcher, meter)
+        app.state.dataplane = DataPlane(
+            settings,
+            the_store,
+            the_router,
+            batcher,
+            meter,
+            # Set by the server that runs the app (`lifecycle.run`): absent, nothing runs alone.
+            requests_in_flight=getattr(app.state, "requests_in_flight", None),
+        )
         app.state.jobs = job_runner = JobRunner(settings, the_store, the_router, batcher, meter)
         job_runner.start()  # resumes the jobs a stop left queued or running
         app.state.versions = versions = Versions(

@@ -192,6 +192,9 @@ def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
     )
     server = Server(config, gate, settings.drain_timeout_s)
+    # uvicorn's request tasks, one per request from its parsed headers on: every request that
+    # arrived in one read of the sockets counts before any of them runs.
+    app.state.requests_in_flight = lambda: len(server.server_state.tasks)
     app.state.stop_server = server.stop
     server.run(sockets=[reuse_port_socket(settings.host, settings.port)] if reuse_port else None)
     return server.exit_code

@@ -64,6 +64,7 @@ def serve_app(app: FastAPI) -> Iterator[str]:
     """Run `app` under uvicorn on a free port until the generator is closed; yields the URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    app.state.requests_in_flight = lambda: len(server.server_state.tasks)  # as `lifecycle.run` does
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
