@@ -53,6 +53,7 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -107,6 +108,9 @@ def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
 
     if ray.is_initialized():
         return False
+    # Ray warns on every start that it turned token authentication on (its default since 2.60):
+    # the setting SECURITY.md documents, not news for the console.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if settings.ray_address:
         ray.init(address=settings.ray_address, configure_logging=False, log_to_driver=False)
         return True
