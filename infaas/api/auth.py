@@ -10,7 +10,7 @@ front end on the same store reads the store's change log (`infaas.changes.Change
 `change_poll_interval_s`) and drops them within that interval (measured: docs/benchmarks.md).
 A front end that cannot reach the store cannot know of revocations: it keeps answering a key the
 store (or the change log) confirmed within `key_grace_s`, and refuses it after that (503,
-`store_unavailable`) until the store answers again. Unknown keys are never cached, so a new key
+`store_error`) until the store answers again. Unknown keys are never cached, so a new key
 works at once. An expired key (`Tenant.expires_at_s`) is refused like a revoked one.
 """
 
@@ -237,7 +237,7 @@ async def authenticate(request: Request) -> Principal:
                 raise Unauthenticated("unknown, revoked or expired API key")
             principal = Principal.of(tenant)
             cache.put(digest, principal, now_s)
-            if cache.due_touch(principal.name, now_s):
+            if cache.due_touch(principal.name, now_s):  # in the background, as a revalidation is
                 cache.revalidate(digest, lambda: _touch(store, principal.name))
     if principal.expires_at_s is not None and time.time() >= principal.expires_at_s:
         cache.forget(digest)
