@@ -163,7 +163,7 @@ class Autoscaler:
                 continue
             replicas = self._placement.replicas(name)
             remote = self._placement.path(name) == "remote"
-            cpus, gpus = variant.spec.holds
+            cpus, gpus = variant.spec.holds(self.config.gpu_share)
             d = self._demand.demand(name, now_s)
             states.append(
                 VariantState(
@@ -199,7 +199,7 @@ class Autoscaler:
     def admit_load(self, variant: Variant) -> bool:
         """Whether the free resources of the last round hold one more replica of `variant` (the
         router's optional loads ask); admitted ones are taken off until the next round."""
-        cpus, gpus = variant.spec.holds
+        cpus, gpus = variant.spec.holds(self.config.gpu_share)
         free_cpus, free_gpus = self._free
         if cpus > free_cpus or gpus > free_gpus:
             return False
@@ -214,7 +214,11 @@ class Autoscaler:
         for worker in self._placement.remote.fleet():
             if not worker.alive:
                 continue
-            held = [catalog[name][0].spec.holds for name in worker.loaded if name in catalog]
+            held = [
+                catalog[name][0].spec.holds(self.config.gpu_share)
+                for name in worker.loaded
+                if name in catalog
+            ]
             cpus += max((c for c, _ in held), default=0.0)
             gpus += max((g for _, g in held), default=0.0)
         return cpus, gpus

@@ -221,7 +221,7 @@ class LiveView:
         names = [n for n in loaded.union(running) if n in variants]
         return Room(
             cores=self._replica_cores,
-            holds={n: variants[n][0].spec.holds[0] for n in names},
+            holds={n: variants[n][0].spec.holds()[0] for n in names},
             replicas={n: self._pool.replicas(n) for n in names},
             remote=frozenset(n for n in names if self._pool.path(n) == "remote"),
         )

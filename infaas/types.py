@@ -206,12 +206,12 @@ class VariantSpec(_Value):
         """CPU cores the variant holds while running (its thread count)."""
         return self.threads
 
-    @property
-    def holds(self) -> tuple[float, float]:
+    def holds(self, gpu_share: float = 1.0) -> tuple[float, float]:
         """(vCPUs, GPUs) one replica holds: a GPU variant's threads feed its device, and are not
         counted as vCPUs (what the autoscaler's free resources and the router's room for a
-        replica beside busy ones are counted in)."""
-        return (0.0, 1.0) if self.hardware == "gpu" else (float(self.threads), 0.0)
+        replica beside busy ones are counted in); its worker holds `gpu_share` of a GPU
+        (`INFAAS_GPU_PER_WORKER`: below 1, several workers, and their variants, share a GPU)."""
+        return (0.0, gpu_share) if self.hardware == "gpu" else (float(self.threads), 0.0)
 
 
 class Parity(_Value):

@@ -228,6 +228,7 @@ def create_app(
                 upscale_delay_s=settings.autoscale_upscale_delay_s,
                 downscale_delay_s=settings.autoscale_downscale_delay_s,
                 warm_ttl_s=settings.warm_ttl_s,
+                gpu_share=settings.gpu_per_worker,
                 actions=frozenset(settings.autoscale_actions.split(",")),
             ),
             queue_age_ms=batcher.oldest_age_ms,

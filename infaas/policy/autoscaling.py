@@ -62,6 +62,7 @@ class AutoscalingConfig:
     warm_ttl_s: float = 3600.0
     pressure_ratio: float = 0.01  # misses + refusals per arriving row that count as pressure
     release_ratio: float = 0.5
+    gpu_share: float = 1.0  # of a GPU, what each GPU worker holds (`INFAAS_GPU_PER_WORKER`)
     # The kinds it may take: fewer make the baselines (replicate + remove: a replica autoscaler),
     # and the policy then chooses among what is allowed rather than having its choice dropped.
     actions: frozenset[str] = frozenset(
@@ -75,6 +76,8 @@ class AutoscalingConfig:
             raise ValueError("max_replicas must be at least 1")
         if not 0 < self.release_ratio < 1:
             raise ValueError("release_ratio must be in (0, 1)")
+        if not 0 < self.gpu_share <= 1:
+            raise ValueError("gpu_share must be in (0, 1]")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,18 @@ def _gpu_group(group: str) -> bool:
     return group == "tensorrt" or group.endswith("-gpu")
 
 
+def workers_cap(gpu: bool, cpus: float, gpus: float, gpu_share: float, configured: int | None) -> int:
+    """How many workers a group may have: a CPU group as many as the cluster has CPUs (each
+    worker runs its variants with explicit threads: more would only oversubscribe them), a GPU
+    group as many as its share fits the cluster's GPUs (on a 1-GPU node, counting CPUs had a
+    second GPU worker wait forever for a GPU held by the first; 0.5 a worker: two a GPU), either
+    at most `configured` (`INFAAS_MAX_WORKERS_PER_FAMILY`) when set."""
+    if gpu:
+        fits = int(gpus / gpu_share + 1e-9)
+        return max(1, min(fits, configured or fits)) if fits else 0
+    return configured or max(1, int(cpus))
+
+
 def init_ray(settings: Settings, *, num_cpus: int | None = None) -> bool:
     """Connect to `settings.ray_address`, or start a lean local Ray; True when this call started it.
 
@@ -367,11 +379,11 @@ class RayPool:
         )
         self._budget_mb = memory_budget_mb or settings.worker_memory_budget_mb
         self._owns_ray = init_ray(settings, num_cpus=num_cpus)
-        # Workers per family: as many as the cluster has CPUs unless set (each worker runs its
-        # variants with explicit threads, so more workers than CPUs only oversubscribes them).
         cap = max_workers_per_family or settings.max_workers_per_family
-        cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)  # type: ignore[no-untyped-call]
-        self._max_workers = cap or max(1, int(cpus))
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        cpus, gpus = resources.get("CPU", os.cpu_count() or 1), resources.get("GPU", 0.0)
+        self._max_workers = workers_cap(False, cpus, gpus, settings.gpu_per_worker, cap)
+        self._max_gpu_workers = workers_cap(True, cpus, gpus, settings.gpu_per_worker, cap)
         self._call_timeout_s = settings.worker_call_timeout_s
         self._shared = settings.shared_fleet
         self._worker_num_cpus = worker_num_cpus
@@ -463,7 +475,7 @@ class RayPool:
             if worker is None or variant.name in worker.loaded:
                 raise Unavailable(
                     f"cannot replicate {variant.name}: all {len(self._group(group))} {family} workers "
-                    f"(max {self._max_workers}) already hold it",
+                    f"(max {self._cap(group)}) already hold it",
                     variant=variant.name,
                 )
             try:
@@ -601,6 +613,9 @@ class RayPool:
         ]
         return min(holders, key=lambda w: w.in_flight) if holders else None
 
+    def _cap(self, group: str) -> int:
+        return self._max_gpu_workers if _gpu_group(group) else self._max_workers
+
     def _choose_worker(self, group: str, family: str, variant: str, avoid: set[str]) -> _Worker | None:
         """Where a new copy of `variant` goes: a live worker of its group hosting nothing, else a
         new worker while the group is under its cap, else one with room (fewest variants first),
@@ -614,7 +629,7 @@ class RayPool:
         empty = [w for w in roomy if not w.loaded]
         if empty:
             return min(empty, key=lambda w: w.in_flight)
-        if len(members) < self._max_workers:
+        if len(members) < self._cap(group):
             return self._spawn(group, family)
         if roomy:
             return min(roomy, key=lambda w: (len(w.loaded), w.in_flight))

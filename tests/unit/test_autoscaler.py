@@ -324,5 +324,6 @@ def test_a_replica_holds_its_threads_as_vcpus_or_one_gpu() -> None:
     """What the autoscaler's free resources and the router's room beside busy replicas count."""
     cpu = VariantSpec(architecture="a", runtime="onnxruntime", threads=2)
     gpu = VariantSpec(architecture="a", runtime="onnxruntime", hardware="gpu", threads=2)
-    assert cpu.holds == (2.0, 0.0)
-    assert gpu.holds == (0.0, 1.0)
+    assert cpu.holds() == (2.0, 0.0)
+    assert gpu.holds() == (0.0, 1.0)
+    assert gpu.holds(0.25) == (0.0, 0.25) and cpu.holds(0.25) == (2.0, 0.0)  # four workers a GPU
