@@ -595,7 +595,11 @@ def simulate(
     static_replicas: int | None = typer.Option(
         None, "--static-replicas", help="Replicas per variant in static mode (default: sized for the peak)."
     ),
-    noise: float = typer.Option(0.1, "--noise", help="Log-normal sigma of a batch's run time around p50."),
+    noise: float | None = typer.Option(
+        None,
+        "--noise",
+        help="Log-normal sigma of a batch's run time around p50; unset: each profile's spread (p50 to p99).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the trace and the noise."),
     svg_path: Annotated[
         Path | None, typer.Option("--svg", help="Write replicas, p99 and fleet cost over time here.")

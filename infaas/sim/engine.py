@@ -29,8 +29,10 @@ What is simulated (the worker model), and how it departs from the service:
   The free cores the autoscaler sees are the cluster's free cores less one reserved for the front
   end; a placement that fragmentation defeats is skipped, as the service skips an action that
   fails.
-- A batch runs for the profile's p50 at its rows (times a log-normal noise factor of mean 1 when
-  `noise` > 0), then the Ray hop (`hop_ms`, all of it after the run; none in the front end); an
+- A batch runs for a draw of the profile's own spread at its rows: a log-normal factor whose
+  median is the profile's p50 and whose 99th percentile is its p99 (`noise=None`, the default:
+  sigma = ln(p99 / p50) / 2.326 per batch size), or of a fixed sigma around p50 (`noise` a
+  number; 0: always the p50), then the Ray hop (`hop_ms`, all of it after the run; none in the front end); an
   answer's latency adds the front end's own `frontend_ms`. The router's overhead estimate (a
   measured p99 in the service) is the constant ``hop_ms + frontend_ms`` here, and the batcher's
   learned overhead is the variant's hop; there is no slowdown from machines shared by other
@@ -152,7 +154,9 @@ class SimConfig:
     interval_s: float = 1.0  # the autoscaler's round
     window_s: float = 5.0  # its demand look-back
     autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
-    noise: float = 0.0  # sigma of the log-normal factor on a batch's run time
+    # Sigma of the log-normal factor on a batch's run time: None, each profile's measured spread
+    # (p50 -> p99 at each batch size); a number, that sigma everywhere (0: no noise).
+    noise: float | None = None
     static_replicas: int | None = None  # per pinned variant; None: sized for the trace's peak
     seed: int = 0
 
@@ -264,6 +268,18 @@ def _plus(latency_ms: Callable[[int], float], wait_ms: float, rows: int) -> floa
     return latency_ms(rows) + wait_ms
 
 
+_Z99 = 2.3263478740408408
+"""The standard normal's 99th percentile."""
+
+
+def spread_sigma(p50_ms: float, p99_ms: float) -> float:
+    """Sigma of the log-normal whose median is `p50_ms` and whose 99th percentile is `p99_ms` (0
+    when the profile measured no spread)."""
+    if p50_ms <= 0.0 or p99_ms <= p50_ms:
+        return 0.0
+    return math.log(p99_ms / p50_ms) / _Z99
+
+
 class _VQ:
     """One variant: its replicas and the batcher's queue for it."""
 
@@ -284,7 +300,9 @@ class _VQ:
         top = self.max_batch + 1
         # The profile's curves, read once: Profile.latency_ms interpolates on every call.
         self.p50 = [0.0] + [profile.latency_ms(b, "p50") for b in range(1, top)]
-        predicted = [0.0] + [profile.latency_ms(b, "p99") + overhead_ms for b in range(1, top)]
+        p99 = [0.0] + [profile.latency_ms(b, "p99") for b in range(1, top)]
+        self.spread = [0.0] + [spread_sigma(self.p50[b], p99[b]) for b in range(1, top)]
+        predicted = [0.0] + [p99[b] + overhead_ms for b in range(1, top)]
         self.predicted = predicted
         self.latency_ms: Callable[[int], float] = predicted.__getitem__
         self.pending: deque[_Item] = deque()
@@ -760,7 +778,11 @@ class Simulation:
         start_s = max(now_s, replica.free_at_s)
         run_ms = vq.p50[min(rows, vq.max_batch)] + vq.profile.fit_slope_ms * max(0, rows - vq.max_batch)
         sigma = self.config.noise
-        if sigma > 0:
+        if sigma is None:  # the profile's own spread: its p50 is the median draw, its p99 the 99th
+            sigma = vq.spread[min(rows, vq.max_batch)]
+            if sigma > 0:
+                run_ms *= math.exp(self._rng.normal(0.0, sigma))
+        elif sigma > 0:
             run_ms *= math.exp(self._rng.normal(-sigma * sigma / 2.0, sigma))
         replica.free_at_s = start_s + run_ms / 1000.0
         if vq.local:  # a front end's core runs it: the queries after it wait that much longer

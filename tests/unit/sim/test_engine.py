@@ -138,7 +138,7 @@ def test_every_decision_goes_through_the_named_policies(monkeypatch: pytest.Monk
 
 def test_a_batch_completes_at_its_start_plus_the_profiles_latency_plus_the_hop() -> None:
     variant, profile = entry("m")
-    cfg = SimConfig(hop_ms=0.8, frontend_ms=0.1)
+    cfg = SimConfig(hop_ms=0.8, frontend_ms=0.1, noise=0.0)
     sim = Simulation(zoo_of((variant, profile)), trace_of(q(0.5)), "modelless", cfg)
     result = sim.run()
     done_s, latency_ms = sim.answers()
@@ -150,7 +150,7 @@ def test_a_batch_completes_at_its_start_plus_the_profiles_latency_plus_the_hop()
 def test_a_sub_hop_variant_runs_in_the_front_end_one_copy_no_hop_no_worker_cores() -> None:
     variant, profile = entry("m", base_ms=0.02, per_row_ms=0.001)
     profile = profile.model_copy(update={"memory_mb": 5.0})  # small: the service runs it inline
-    cfg = SimConfig(hop_ms=0.8, frontend_ms=0.1, workers=1, cores=2)
+    cfg = SimConfig(hop_ms=0.8, frontend_ms=0.1, workers=1, cores=2, noise=0.0)
     burst = [q(0.5 + i / 20_000) for i in range(4000)]  # 20 000 queries/s for 0.2 s
     sim = Simulation(zoo_of((variant, profile)), trace_of(*burst), "modelless", cfg)
     result = sim.run()
@@ -159,7 +159,9 @@ def test_a_sub_hop_variant_runs_in_the_front_end_one_copy_no_hop_no_worker_cores
     assert sim._free == [2]  # the front end's copy holds no worker core
     assert len(sim._vqs[variant.name].replicas) == 1  # never replicated
     assert result.total.in_slo > 0
-    off = Simulation(zoo_of((variant, profile)), trace_of(q(0.5)), "modelless", SimConfig(fast_path_max_ms=0))
+    off = Simulation(
+        zoo_of((variant, profile)), trace_of(q(0.5)), "modelless", SimConfig(fast_path_max_ms=0, noise=0.0)
+    )
     off.run()
     assert off.answers()[1][0] == pytest.approx(profile.latency_ms(1, "p50") + 0.8 + 0.1)
 
@@ -180,7 +182,7 @@ def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() ->
     cheap, dear = entry("m", base_ms=4.0), entry("n", base_ms=1.0, price_usd_per_s=1e-3)
     # Queries a microsecond apart on one replica: the second batch waits for the first.
     queries = [q(1.0 + i * 1e-6, 100.0) for i in range(3)] + [q(1.5, 100.0), q(0.2, 100.0)]
-    sim = Simulation(zoo_of(cheap, dear), trace_of(*queries), "modelless", SimConfig(hop_ms=0.5))
+    sim = Simulation(zoo_of(cheap, dear), trace_of(*queries), "modelless", SimConfig(hop_ms=0.5, noise=0.0))
     sim.run()
     done_s, _ = sim.answers()
     assert list(done_s) == sorted(done_s)
@@ -203,7 +205,7 @@ def test_queries_no_variant_meets_even_idle_are_422_not_refused() -> None:
 def test_queries_feasible_idle_but_not_now_are_refused_with_429() -> None:
     # One one-thread replica on a one-core worker (the front end's core aside: none to add), and a
     # burst of queries far beyond what it answers within the target.
-    cfg = SimConfig(workers=1, cores=1, reserved_cores=0)
+    cfg = SimConfig(workers=1, cores=1, reserved_cores=0, noise=0.0)
     burst = [q(1.0 + i * 1e-5, 12.0) for i in range(400)]
     result = simulate(zoo_of(entry("m")), trace_of(*burst), "modelless", cfg)
     t = result.total
@@ -294,3 +296,18 @@ def test_a_seed_gives_the_same_result_every_time() -> None:
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown mode"):
         Simulation(zoo_of(entry("m")), trace_of(q(0.1)), "fancy")  # type: ignore[arg-type]
+
+
+def test_the_noise_is_each_profiles_own_spread() -> None:
+    """By default a batch's run time is drawn so that its median is the profile's p50 and its
+    99th percentile the profile's p99 at that batch size (not a fixed sigma, not none)."""
+    import numpy as np
+
+    from infaas.sim.engine import spread_sigma
+
+    sigma = spread_sigma(2.0, 3.0)
+    draws = 2.0 * np.exp(np.random.default_rng(0).normal(0.0, sigma, 200_000))
+    assert np.percentile(draws, 50) == pytest.approx(2.0, rel=0.01)
+    assert np.percentile(draws, 99) == pytest.approx(3.0, rel=0.02)
+    assert spread_sigma(2.0, 2.0) == 0.0 and spread_sigma(0.0, 1.0) == 0.0
+    assert SimConfig().noise is None
