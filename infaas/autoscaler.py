@@ -32,6 +32,7 @@ from typing import Protocol
 
 from infaas.errors import InfaasError
 from infaas.periodic import Periodic
+from infaas.policy.attribution import ReservedCost
 from infaas.policy.autoscaling import (
     Action,
     AutoscalingConfig,
@@ -42,7 +43,7 @@ from infaas.policy.autoscaling import (
 )
 from infaas.policy.demand import Demand, capacity_rows_per_s
 from infaas.snapshot import Catalog, cheapest_variants
-from infaas.types import FleetEvent, Profile, Variant
+from infaas.types import FleetEvent, Profile, Variant, usd_to_pusd
 from infaas.workers.placement import Placement
 from infaas.workers.residency import EventLog
 
@@ -70,21 +71,30 @@ class DemandSource(Protocol):
 
 
 class FleetCost:
-    """What the loaded replicas cost: Σ replicas × price of the resources each holds × seconds."""
+    """What the loaded replicas cost: Σ replicas × price of the resources each holds × seconds.
+    Also in integer pico-dollars (`pusd`): each variant's running total rounded, so the intervals'
+    parts add up to it exactly (what reserved cost is attributed from, `policy.attribution`)."""
 
     def __init__(self) -> None:
         self.usd: dict[str, float] = {}  # variant → USD so far
         self.usd_per_s: dict[str, float] = {}  # variant → USD/s now
+        self.pusd: dict[str, int] = {}  # variant → pico-dollars so far
         self._last_s: float | None = None
 
-    def tick(self, usd_per_s: dict[str, float], now_s: float) -> None:
-        """Charge the rates of the last interval, then take `usd_per_s` as the current ones."""
+    def tick(self, usd_per_s: dict[str, float], now_s: float) -> dict[str, int]:
+        """Charge the rates of the last interval, then take `usd_per_s` as the current ones.
+        Returns what each variant cost in the interval, in pico-dollars."""
+        interval: dict[str, int] = {}
         if self._last_s is not None:
             dt = max(0.0, now_s - self._last_s)
             for name, rate in self.usd_per_s.items():
                 self.usd[name] = self.usd.get(name, 0.0) + rate * dt
+                total = usd_to_pusd(self.usd[name])
+                interval[name] = total - self.pusd.get(name, 0)
+                self.pusd[name] = total
         self._last_s = now_s
         self.usd_per_s = {name: rate for name, rate in usd_per_s.items() if rate > 0}
+        return {name: pusd for name, pusd in interval.items() if pusd}
 
     @property
     def total_usd(self) -> float:
@@ -123,6 +133,7 @@ class Autoscaler:
         reserved_cpus: float = 0.0,
         act: bool = True,
         leader: Callable[[], bool] = lambda: True,
+        reserve: Callable[[str, str, int, float], None] | None = None,
     ) -> None:
         self._placement = placement
         self._catalog = catalog
@@ -140,6 +151,10 @@ class Autoscaler:
         self._state = ScalingState()
         self._first_seen_s: dict[str, float] = {}  # architecture → when this loop first saw it
         self.cost = FleetCost()
+        # The fleet's cost beyond the charges, attributed each round to the tenants whose traffic
+        # caused it (`policy.attribution`); `reserve(tenant, variant, pusd, now_s)` records it.
+        self.reserved = ReservedCost(horizon_s=self.config.warm_ttl_s)
+        self._reserve = reserve
         self._events = EventLog()
         self._failing: dict[tuple[str, str], str] = {}  # (action, variant) → its last failure
         self._loop = Periodic("autoscaler", interval_s, self.tick)
@@ -238,7 +253,7 @@ class Autoscaler:
         for action in actions:
             variant, profile = catalog[action.variant]
             await self._apply(action, variant, profile)
-        self.cost.tick(
+        interval_pusd = self.cost.tick(
             {
                 name: self._placement.replicas(name) * profile.price_usd_per_s
                 for name, (_, profile) in catalog.items()
@@ -246,6 +261,11 @@ class Autoscaler:
             },
             now_s,
         )
+        reserved = self.reserved.close(interval_pusd, now_s)
+        # On a shared fleet every front end integrates the fleet's cost; one attributes it.
+        if self._reserve is not None and self._leader():
+            for (tenant, name), pusd in reserved.items():
+                self._reserve(tenant, name, pusd, now_s)
         return actions
 
     async def _apply(self, action: Action, variant: Variant, profile: Profile | None) -> None:

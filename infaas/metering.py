@@ -44,6 +44,7 @@ from infaas.types import (
     COUNTER_FAILED,
     COUNTER_QUERIES,
     COUNTER_REFUSED,
+    COUNTER_RESERVED_PUSD,
     COUNTER_ROWS,
     COUNTER_SLO_MET,
     COUNTER_SLO_MISSED,
@@ -184,6 +185,7 @@ class Meter:
         self._pending: dict[_Key, dict[str, int]] = {}
         self._once: list[tuple[UsageDelta, UsageMark]] = []  # `charge_once`, in order
         self._listeners: list[Callable[[MeterRecord], None]] = []
+        self._charge_listeners: list[Callable[[str, str, int, int, float], None]] = []
 
     def use_journal(self, journal: UsageJournal | None) -> None:
         """Journal every charge from now on (set before the first query; None: stop journaling).
@@ -195,6 +197,18 @@ class Meter:
     def add_listener(self, fn: Callable[[MeterRecord], None]) -> None:
         """Call `fn` with every `MeterRecord` from now on (answered and failed queries)."""
         self._listeners.append(fn)
+
+    def add_charge_listener(self, fn: Callable[[str, str, int, int, float], None]) -> None:
+        """Call `fn(tenant, variant, rows, cost_pusd, now_s)` with every charge from now on, online
+        answers' and offline chunks' alike (what `policy.attribution` subtracts from the fleet's
+        cost)."""
+        self._charge_listeners.append(fn)
+
+    def add_reserved(self, *, tenant: str, task: str, variant: str, pusd: int, now_s: float) -> None:
+        """Count reserved cost attributed to `tenant` (`policy.attribution`; negative: a credit).
+        Not journaled: it is recomputed from the fleet, not charged for an answer."""
+        with self._lock:
+            _add(self._pending, (tenant, task, variant, int(now_s // 60)), {COUNTER_RESERVED_PUSD: pusd})
 
     def charge(
         self,
@@ -224,6 +238,8 @@ class Meter:
                 journal.append(
                     JournalEntry(seq, tenant, task, variant, minute, rows, cost_pusd, slo_met, latency_ms)
                 )
+        for fn in self._charge_listeners:
+            fn(tenant, variant, rows, cost_pusd, now_s)
         return Charge(key, rows, batch_rows, cost_pusd, now_s, slo)
 
     def charge_once(
@@ -248,6 +264,8 @@ class Meter:
         }
         with self._lock:
             self._once.append((UsageDelta(key=key, counters=counters), mark))
+        for fn in self._charge_listeners:
+            fn(tenant, variant, rows, cost_pusd, now_s)
 
     def flush_once(self) -> int:
         """Write the `charge_once` charges (blocking; raises if the store fails: they stay and are

@@ -121,9 +121,13 @@ class LabelBounds:
 
 
 class _CostCollector(Collector):
-    """`infaas_cost_usd_total{tenant}` from exact integer pico-dollar sums."""
+    """USD per tenant from exact integer pico-dollar sums: a counter (`name`_total{tenant}), or
+    a gauge where a sum may go down (reserved cost: an interval may give some back)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, documentation: str, monotonic: bool = True) -> None:
+        self._family = CounterMetricFamily if monotonic else GaugeMetricFamily
+        self._name = name
+        self._documentation = documentation
         self._lock = threading.Lock()
         self._pusd: dict[str, int] = defaultdict(int)
 
@@ -132,11 +136,7 @@ class _CostCollector(Collector):
             self._pusd[tenant] += cost_pusd
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            "infaas_cost_usd",
-            "Cost charged to each tenant, in USD (summed exactly in pico-dollars).",
-            labels=["tenant"],
-        )
+        family = self._family(self._name, self._documentation, labels=["tenant"])
         with self._lock:
             items = sorted(self._pusd.items())
         for tenant, pusd in items:
@@ -302,8 +302,17 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram, Histogram]] = {}
-        self._cost = _CostCollector()
+        self._cost = _CostCollector(
+            "infaas_cost_usd", "Cost charged to each tenant, in USD (summed exactly in pico-dollars)."
+        )
+        self._reserved = _CostCollector(
+            "infaas_reserved_cost_usd",
+            "The fleet's cost beyond what answers were charged, attributed to each tenant by its "
+            "traffic (policy.attribution), in USD since the start (summed exactly in pico-dollars).",
+            monotonic=False,
+        )
         self.registry.register(self._cost)
+        self.registry.register(self._reserved)
         self.registry.register(_FleetCollector(sources, self.variants, costs))
         self.registry.register(_AdmissionCollector(admission))
 
@@ -342,6 +351,10 @@ class Metrics:
             self._cost.add(labels[0], cost_pusd)
         if batch_rows > 0:
             batch.observe(batch_rows)
+
+    def observe_reserved(self, tenant: str, pusd: int) -> None:
+        """Attributed reserved cost (may be negative: a credit)."""
+        self._reserved.add(self.tenants(tenant), pusd)
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4)."""

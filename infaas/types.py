@@ -22,6 +22,7 @@ __all__ = [
     "COUNTER_FAILED",
     "COUNTER_QUERIES",
     "COUNTER_REFUSED",
+    "COUNTER_RESERVED_PUSD",
     "COUNTER_ROWS",
     "COUNTER_SLO_MET",
     "COUNTER_SLO_MISSED",
@@ -475,6 +476,7 @@ counts the rest), so p50/p99 per tenant can be estimated from stored integer cou
 COUNTER_QUERIES = "queries"
 COUNTER_ROWS = "rows"
 COUNTER_COST_PUSD = "cost_pusd"
+COUNTER_RESERVED_PUSD = "reserved_pusd"  # the fleet's cost beyond charges, attributed (`policy.attribution`)
 COUNTER_SLO_MET = "slo_met"
 COUNTER_SLO_MISSED = "slo_missed"
 COUNTER_REFUSED = "refused"

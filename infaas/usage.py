@@ -26,6 +26,7 @@ from infaas.types import (
     COUNTER_FAILED,
     COUNTER_QUERIES,
     COUNTER_REFUSED,
+    COUNTER_RESERVED_PUSD,
     COUNTER_ROWS,
     COUNTER_SLO_MET,
     COUNTER_SLO_MISSED,
@@ -83,8 +84,12 @@ class UsageStats(_Out):
 
     queries: int = 0
     rows: int = 0
-    cost_pusd: int = 0
+    cost_pusd: int = 0  # charged for answers
     cost_usd: float = 0.0
+    # The fleet's cost beyond the charges, attributed by traffic (`policy.attribution`):
+    # charged + reserved over all tenants is what the fleet cost.
+    reserved_pusd: int = 0
+    reserved_usd: float = 0.0
     slo_met: int = 0
     slo_missed: int = 0  # answered late
     refused: int = 0  # 429 overloaded: neither answered nor charged
@@ -259,11 +264,14 @@ def stats_from_counters(counters: Mapping[str, int]) -> UsageStats:
     failed = counters.get(COUNTER_FAILED, 0)
     sent = met + missed + refused + failed
     cost_pusd = counters.get(COUNTER_COST_PUSD, 0)
+    reserved_pusd = counters.get(COUNTER_RESERVED_PUSD, 0)
     return UsageStats(
         queries=counters.get(COUNTER_QUERIES, 0),
         rows=counters.get(COUNTER_ROWS, 0),
         cost_pusd=cost_pusd,
         cost_usd=pusd_to_usd(cost_pusd),
+        reserved_pusd=reserved_pusd,
+        reserved_usd=pusd_to_usd(reserved_pusd),
         slo_met=met,
         slo_missed=missed,
         refused=refused,
@@ -284,6 +292,7 @@ class _Sum:
             COUNTER_QUERIES,
             COUNTER_ROWS,
             COUNTER_COST_PUSD,
+            COUNTER_RESERVED_PUSD,
             COUNTER_SLO_MET,
             COUNTER_SLO_MISSED,
             COUNTER_REFUSED,

@@ -212,6 +212,16 @@ def create_app(
                 demand,
                 interval_s=settings.fleet_sync_interval_s,
             )
+
+        def reserve(tenant: str, variant: str, pusd: int, now_s: float) -> None:
+            """Reserved cost attributed to `tenant` (`policy.attribution`): to its usage and metrics."""
+            snap = the_router.snapshot
+            entry = snap.variants.get(variant)
+            arch = snap.architectures.get(entry[0].architecture) if entry is not None else None
+            task = arch.task if arch is not None else ""
+            meter.add_reserved(tenant=tenant, task=task, variant=variant, pusd=pusd, now_s=now_s)
+            app.state.metrics.observe_reserved(tenant, pusd)
+
         autoscaler = Autoscaler(
             placement,
             lambda: the_router.snapshot.variants,
@@ -238,7 +248,9 @@ def create_app(
             interval_s=settings.autoscale_interval_s,
             act=settings.autoscale,
             leader=(lambda: peers.leader) if peers is not None else (lambda: True),
+            reserve=reserve,
         )
+        meter.add_charge_listener(autoscaler.reserved.charged)
         # Two loops: a sync waits on busy workers (one loading a TensorFlow variant answers late),
         # and must not make this front end's report go stale or its lease lapse meanwhile.
         shared_loops: list[Periodic] = []

@@ -40,6 +40,7 @@ def table_rows(page: Page) -> dict[str, dict[str, str]]:
             ),
             "cost_text": cost.inner_text(),
             "cost_usd": cost.get_attribute("data-cost-usd") or "",
+            "reserved_usd": tr.locator("td.reserved").get_attribute("data-reserved-usd") or "",
         }
     return rows
 
@@ -53,6 +54,7 @@ def assert_table_matches(rows: dict[str, dict[str, str]], report: dict[str, Any]
         split = [totals[k] for k in ("slo_met", "slo_missed", "refused", "failed")]
         assert shown["split"] == ",".join(str(n) for n in split)
         assert float(shown["cost_usd"]) == totals["cost_usd"]
+        assert float(shown["reserved_usd"]) == totals["reserved_usd"]  # the fleet's cost beyond charges
         # What a person reads: 4 significant digits of the same amount.
         assert shown["cost_text"].startswith("$")
         assert float(shown["cost_text"][1:]) == pytest.approx(totals["cost_usd"], rel=1e-3)

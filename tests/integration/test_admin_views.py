@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from infaas.cli import app
 from infaas.metrics import OTHER
 from infaas.settings import Settings
+from infaas.store import open_store
 from infaas.types import UsageDelta, UsageKey
 from tests.integration.conftest import LiveServer
 from tests.integration.traffic import send_traffic, wait_for_usage, zoo_server
@@ -148,3 +149,32 @@ def test_usage_and_metrics_match_the_responses_of_real_traffic(small_zoo: Settin
     routed = {e["variant"] for e in fleet["events"] if e["kind"] == "route"}
     assert routed <= {v for (_, v) in sent.by_variant}
     assert [e["at_s"] for e in fleet["events"]] == sorted((e["at_s"] for e in fleet["events"]), reverse=True)
+
+
+def test_charged_plus_reserved_is_what_the_fleet_cost(small_zoo: Settings, tmp_path: Path) -> None:
+    """Through the real service: once it stops, the usage holds, over every tenant (the operator,
+    `admin`, included: floors nobody's traffic explains), charges + reserved = the fleet's cost
+    that its autoscaler integrated, to the pico-dollar; the tenant with more traffic carries more."""
+    with zoo_server(small_zoo, tmp_path) as server:
+        keys = {"acme": server.new_tenant("acme"), "beta": server.new_tenant("beta")}
+        send_traffic(server, keys, {"acme": 30, "beta": 6})
+        wait_for_usage(server, expected_queries=36)
+        time.sleep(2.5)  # rounds close the intervals that hold the last charges
+        with server.client(server.admin_key) as admin:
+            live = admin.get("/v1/admin/usage").json()
+        autoscaler = server.app.state.autoscaler
+    fleet_pusd = sum(autoscaler.cost.pusd.values())
+    store = open_store(server.app.state.settings)
+    try:
+        rows = store.usage()
+    finally:
+        store.close()
+    charged = sum(r.counters.get("cost_pusd", 0) for r in rows)
+    reserved: dict[str, int] = defaultdict(int)
+    for r in rows:
+        reserved[r.key.tenant] += r.counters.get("reserved_pusd", 0)
+    assert fleet_pusd > 0 and charged > 0
+    assert charged + sum(reserved.values()) == fleet_pusd
+    assert reserved["acme"] > reserved["beta"] > 0
+    shown = {t["tenant"]: t["totals"]["reserved_pusd"] for t in live["tenants"]}
+    assert shown["acme"] > 0 and shown["beta"] > 0  # the API shows it while the service runs

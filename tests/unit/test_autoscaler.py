@@ -327,3 +327,54 @@ def test_a_replica_holds_its_threads_as_vcpus_or_one_gpu() -> None:
     assert cpu.holds() == (2.0, 0.0)
     assert gpu.holds() == (0.0, 1.0)
     assert gpu.holds(0.25) == (0.0, 0.25) and cpu.holds(0.25) == (2.0, 0.0)  # four workers a GPU
+
+
+def test_charged_plus_reserved_is_the_fleets_cost_exactly_through_scale_ups_and_downs() -> None:
+    """Two tenants' traffic scales a variant up to 3 replicas and back to 1; every round the
+    fleet's cost beyond the charges is attributed. Over the run, in pico-dollars and exactly:
+    Σ tenants (charged + reserved) = Σ variants what their replicas cost."""
+
+    async def scenario() -> None:
+        timer = ManualTimer(start_s=1000.0)
+        pool = RecordingPool(workers=4)
+        hot, cold = entry("hot", price_usd_per_s=1.3e-6), entry("cold", price_usd_per_s=7e-6)
+        variants: dict[str, tuple[Variant, Profile | None]] = {v.name: (v, p) for v, p in (hot, cold)}
+        reserved: dict[str, int] = {}
+
+        def reserve(tenant: str, variant: str, pusd: int, now_s: float) -> None:
+            reserved[tenant] = reserved.get(tenant, 0) + pusd
+
+        demand = DemandWindow(window_s=5.0)
+        scaler = Autoscaler(
+            Placement(pool),
+            lambda: variants,
+            lambda: {"hot": "t", "cold": "t"},
+            demand,
+            config=CONFIG,
+            clock=timer.now_s,
+            resources=lambda: resources(8),
+            reserve=reserve,
+        )
+        for variant, _ in (hot, cold):
+            await pool.run(variant, np.zeros((1, 2)))
+        charged = {"acme": 0, "beta": 0}
+        rng = np.random.default_rng(3)
+        for second in range(60):
+            rows = 4000 if second < 30 else 0
+            if rows:
+                demand.listener(record(hot[0].name, rows, timer.now_s(), batch_rows=32))
+                for tenant, share in (("acme", 0.75), ("beta", 0.25)):
+                    cost = int(rng.integers(1_000, 90_000))
+                    charged[tenant] += cost
+                    scaler.reserved.charged(tenant, hot[0].name, int(rows * share), cost, timer.now_s())
+            await scaler.tick()
+            timer.advance(0.7 + 0.6 * float(rng.random()))  # rounds are not exactly a second apart
+        await scaler.tick()
+        assert any(e.kind == "replicate" for e in scaler.events())
+        assert any(e.kind == "remove" for e in scaler.events())
+        fleet = sum(scaler.cost.pusd.values())
+        assert fleet > 0 and set(reserved) == {"acme", "beta", "admin"}  # cold: nobody's traffic
+        assert sum(charged.values()) + sum(reserved.values()) == fleet
+        assert reserved["acme"] > reserved["beta"] > 0  # 3:1 by their rows
+
+    asyncio.run(scenario())

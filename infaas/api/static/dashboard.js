@@ -210,6 +210,8 @@
       tr.appendChild(el("td", { class: "num queries", "data-queries": s.queries }, s.queries));
       tr.appendChild(el("td", { class: "num cost", "data-cost-usd": s.cost_usd, title: s.cost_usd + " USD" },
         fmtUsd(s.cost_usd)));
+      tr.appendChild(el("td", { class: "num reserved", "data-reserved-usd": s.reserved_usd,
+        title: s.reserved_usd + " USD" }, fmtUsd(s.reserved_usd)));
       for (const k of ["slo_met", "slo_missed", "refused", "failed"]) {
         tr.appendChild(el("td", { class: `num ${k}`, [`data-${k.replace("_", "-")}`]: s[k] }, s[k]));
       }
@@ -218,9 +220,10 @@
       tr.appendChild(el("td", { class: "num p99" }, fmtMs(s.p99_ms)));
       tbody.appendChild(tr);
     }
-    if (report.tenants.length === 0) emptyRow(tbody, 11, "no tenants yet");
+    if (report.tenants.length === 0) emptyRow(tbody, 12, "no tenants yet");
     const s = report.totals;
     totalsBox($("totals"), [["queries", s.queries], ["cost", fmtUsd(s.cost_usd)],
+      ["reserved", fmtUsd(s.reserved_usd)],
       ["refused", s.refused], ["failed", s.failed],
       ["SLO attainment", fmtPct(s.slo_attainment)], ["p99", fmtMs(s.p99_ms)]]);
   }
