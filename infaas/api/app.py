@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from infaas.advice import RecentTraffic
 from infaas.api.auth import KeyCache, ensure_admin_key
 from infaas.api.errors import install_error_handlers
 from infaas.api.gate import AuthGate
@@ -381,6 +382,9 @@ def create_app(
     meter.add_listener(app.state.metrics.listener)
     app.state.route_log = RouteLog()  # routing changes for the fleet view
     meter.add_listener(app.state.route_log.listener)
+    app.state.recent_traffic = RecentTraffic()  # each tenant's recent queries, for /v1/usage/advice
+    meter.add_listener(app.state.recent_traffic.listener)
+    app.state.advice_cache = {}
     install_error_handlers(app)
     install_openapi(app)  # validation failures answer 400 + ErrorBody, not FastAPI's documented 422
     app.add_middleware(

@@ -181,6 +181,7 @@ class TenantResult:
     failed: int = 0  # no replica could be placed for it
     rows: int = 0  # rows answered
     charged_pusd: int = 0
+    by_variant: dict[str, int] = field(default_factory=dict)  # answers per variant
 
     @property
     def answered(self) -> int:
@@ -198,6 +199,8 @@ class TenantResult:
         for name in ("queries", "in_slo", "late", "refused", "infeasible", "dropped", "failed", "rows"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.charged_pusd += other.charged_pusd
+        for variant, n in other.by_variant.items():
+            self.by_variant[variant] = self.by_variant.get(variant, 0) + n
 
 
 @dataclass(frozen=True)
@@ -816,6 +819,7 @@ class Simulation:
             if share is None:
                 share = shares[key] = cost_share_pusd(vq.profile, rows, item.rows)
             t.charged_pusd += share
+            t.by_variant[vq.name] = t.by_variant.get(vq.name, 0) + 1
             self._ans_s.append(now_s)
             self._ans_ms.append(latency_ms)
             self._ans_ok.append(ok)

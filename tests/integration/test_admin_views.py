@@ -178,3 +178,26 @@ def test_charged_plus_reserved_is_what_the_fleet_cost(small_zoo: Settings, tmp_p
     assert reserved["acme"] > reserved["beta"] > 0
     shown = {t["tenant"]: t["totals"]["reserved_pusd"] for t in live["tenants"]}
     assert shown["acme"] > 0 and shown["beta"] > 0  # the API shows it while the service runs
+
+
+def test_a_tenant_gets_what_other_targets_would_have_cost(small_zoo: Settings, tmp_path: Path) -> None:
+    """`GET /v1/usage/advice`: the caller's own recent queries replayed at other targets."""
+    with zoo_server(small_zoo, tmp_path) as server:
+        keys = {"acme": server.new_tenant("acme"), "beta": server.new_tenant("beta")}
+        send_traffic(server, keys, {"acme": 20, "beta": 4})
+        with server.client(keys["acme"]) as acme:
+            r = acme.get("/v1/usage/advice")
+            again = acme.get("/v1/usage/advice")  # cached: the same answer, no new simulation
+            assert acme.get("/v1/usage/advice", params={"tenant": "beta"}).status_code == 403
+        with server.client(server.admin_key) as admin:
+            assert admin.get("/v1/usage/advice").status_code == 403  # whose? say ?tenant=
+            beta = admin.get("/v1/usage/advice", params={"tenant": "beta"})
+    assert r.status_code == 200, r.text
+    advice = r.json()
+    assert again.json() == advice
+    assert advice["tenant"] == "acme" and advice["sampled_queries"] > 0
+    assert len(advice["points"]) == 8 and advice["summary"]
+    base = next(p for p in advice["points"] if p["latency_factor"] == 1.0 and p["accuracy_delta"] == 0.0)
+    assert base["queries"] == advice["sampled_queries"] and base["cost_change"] == 0.0
+    assert sum(base["variants"].values()) > 0 and base["charged_pusd"] > 0
+    assert beta.status_code == 200 and beta.json()["tenant"] == "beta"

@@ -6,15 +6,23 @@ the tenant route is the admin report restricted to one tenant, so the two cannot
 
 from __future__ import annotations
 
+import os
+import statistics
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict
 
+from infaas.advice import RecentTraffic, advise
 from infaas.api.auth import AdminPrincipal, TenantPrincipal
 from infaas.api.openapi import ADMIN_KEY, KEY_REQUIRED, TENANT_KEY, error_responses
 from infaas.errors import Forbidden, InvalidInput
+from infaas.router import Router
+from infaas.sim.engine import SimConfig
+from infaas.sim.zoo import Zoo
 from infaas.store import MetadataStore
+from infaas.types import pusd_to_usd
 from infaas.usage import UsageReport, build_report, resolve_window
 
 __all__ = ["router", "usage_report"]
@@ -98,3 +106,118 @@ def own_usage(
     if principal.role == "admin":
         raise Forbidden("this route shows a tenant's own usage: use /v1/admin/usage with the admin key")
     return usage_report(_store(request), time.time(), from_, to, step, principal.name)
+
+
+class AdvicePointOut(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    latency_factor: float  # each query's latency target × this
+    accuracy_delta: float  # each query's accuracy floor + this
+    median_latency_ms: float  # the sample's median latency target at this point
+    queries: int
+    in_slo_share: float
+    charged_pusd: int
+    charged_usd: float
+    cost_change: float | None  # vs the targets as sent (-0.37: 37 % less); None when that cost 0
+    variants: dict[str, int]  # answers per variant
+
+
+class AdviceOut(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str
+    window_s: float
+    sampled_queries: int
+    points: list[AdvicePointOut]
+    summary: str
+
+
+ADVICE_TTL_S = 60.0
+
+
+def _advice(request: Request, tenant: str) -> AdviceOut:
+    state = request.app.state
+    cached = state.advice_cache.get(tenant)
+    now_s = time.time()
+    if cached is not None and cached[0] > now_s:
+        return cached[1]  # type: ignore[no-any-return]
+    traffic: RecentTraffic = state.recent_traffic
+    queries = traffic.sample(tenant, now_s)
+    router: Router | None = getattr(state, "router", None)
+    points: list[AdvicePointOut] = []
+    summary = "no queries with a latency target in the window: nothing to replay"
+    if queries and router is not None:
+        snap = router.snapshot
+        zoo = Zoo(
+            variants={n: (v, p) for n, (v, p) in snap.variants.items() if p is not None},
+            tasks={a.name: a.task for a in snap.architectures.values()},
+        )
+        config = SimConfig(workers=1, cores=max(2, os.cpu_count() or 2))
+        median_ms = statistics.median(q.latency_ms for q in queries)
+        found = advise(zoo, queries, config)
+        base = next(p for p in found if p.latency_factor == 1.0 and p.accuracy_delta == 0.0)
+        for p in found:
+            change = p.charged_pusd / base.charged_pusd - 1.0 if base.charged_pusd else None
+            points.append(
+                AdvicePointOut(
+                    latency_factor=p.latency_factor,
+                    accuracy_delta=p.accuracy_delta,
+                    median_latency_ms=median_ms * p.latency_factor,
+                    queries=p.queries,
+                    in_slo_share=p.in_slo_share,
+                    charged_pusd=p.charged_pusd,
+                    charged_usd=pusd_to_usd(p.charged_pusd),
+                    cost_change=change,
+                    variants=p.variants,
+                )
+            )
+        summary = _summary(points, median_ms)
+    out = AdviceOut(
+        tenant=tenant, window_s=traffic.window_s, sampled_queries=len(queries), points=points, summary=summary
+    )
+    state.advice_cache[tenant] = (now_s + ADVICE_TTL_S, out)
+    return out
+
+
+def _summary(points: list[AdvicePointOut], median_ms: float) -> str:
+    """The one saving worth a sentence: the looser latency target at the same accuracy that cost
+    least while answering as many queries in time (within a point)."""
+    base = next(p for p in points if p.latency_factor == 1.0 and p.accuracy_delta == 0.0)
+    better = [
+        p
+        for p in points
+        if p.accuracy_delta == 0.0
+        and p.latency_factor > 1.0
+        and p.cost_change is not None
+        and p.cost_change < 0
+        and p.in_slo_share >= base.in_slo_share - 0.01
+    ]
+    if not better:
+        return f"at a median latency target of {median_ms:g} ms, no looser target would have cost less"
+    best = min(better, key=lambda p: p.charged_pusd)
+    assert best.cost_change is not None
+    return (
+        f"a {best.median_latency_ms:g} ms latency target instead of {median_ms:g} ms (median) would have "
+        f"cost {-100.0 * best.cost_change:.0f} % less at the same accuracy"
+    )
+
+
+@router.get(
+    "/v1/usage/advice",
+    dependencies=KEY_REQUIRED,
+    responses=error_responses(Forbidden, *TENANT_KEY),
+)
+def usage_advice(
+    request: Request,
+    principal: TenantPrincipal,
+    tenant: Annotated[str | None, Query(description="admin key only: this tenant's advice")] = None,
+) -> AdviceOut:
+    """What the caller's recent queries would have cost, and how many would have been answered
+    in time, at looser and tighter targets: its traffic replayed through the simulator."""
+    if principal.role == "admin":
+        if tenant is None:
+            raise Forbidden("the admin key has no traffic of its own: pass ?tenant=NAME")
+        return _advice(request, tenant)
+    if tenant is not None and tenant != principal.name:
+        raise Forbidden("a tenant key reads its own advice only", tenant=tenant)
+    return _advice(request, principal.name)

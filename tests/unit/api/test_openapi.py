@@ -86,6 +86,7 @@ def test_a_route_that_needs_a_key_documents_the_scheme_401_and_503(document: dic
         "GET /v1/models/{architecture}/variants",
         "GET /v1/tasks",
         "GET /v1/usage",
+        "GET /v1/usage/advice",
         "GET /v1/admin/usage",
         "GET /v1/admin/tenants",
         "POST /v1/admin/tenants",
