@@ -115,8 +115,22 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
             )
             assert_table_matches(table_rows(page), fetch_usage(server))
 
-            page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
-            assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+            # The three plots of issue 36, drawn from real data: cost over time (charged, and
+            # reserved once the autoscaler has attributed some), SLO attainment, and the busiest
+            # tenant's what-if frontier (4 latency factors × 2 accuracy floors).
+            page.wait_for_selector("#cost-chart svg rect[data-kind='reserved']", timeout=15000)
+            assert page.locator("#slo-chart svg polyline[data-tenant='acme']").count() == 1
+            assert page.locator("#slo-chart svg polyline[data-tenant='beta']").count() == 1
+            page.wait_for_selector("#advice-chart svg circle[data-factor]", timeout=15000)
+            assert page.locator("#advice-chart svg circle[data-factor]").count() == 8
+            summary = page.locator("#advice-summary").inner_text()
+            assert summary.startswith(("acme: ", "beta: ")) and len(summary) > 20
+
+            # Saved where CI keeps test artefacts (test-output/, ignored by git), and here.
+            shot = Path(__file__).resolve().parents[2] / "test-output" / "dashboard.png"
+            shot.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
 
             # The key never travels in a URL, and nothing is fetched from anywhere but the server.
             assert requested and all(url.startswith(server.url) for url in requested)

@@ -106,8 +106,10 @@
     const tenants = report.tenants.map((t) => t.tenant);
     const colors = colorFor(tenants);
     const n = report.buckets.length;
+    // Each tenant's charged cost, then (lighter) the reserved cost attributed to it.
+    const reservedOf = (s) => Math.max(s.reserved_usd || 0, 0);
     const stacks = report.buckets.map((_, i) =>
-      report.tenants.reduce((sum, t) => sum + t.series[i].stats.cost_usd, 0));
+      report.tenants.reduce((sum, t) => sum + t.series[i].stats.cost_usd + reservedOf(t.series[i].stats), 0));
     const top = Math.max(...stacks, 0);
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "cost per tenant over time" });
     root.appendChild(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }));
@@ -123,17 +125,20 @@
     report.buckets.forEach((start, i) => {
       let base = 0;
       for (const t of report.tenants) {
-        const v = t.series[i].stats.cost_usd;
-        if (v <= 0) continue;
-        const h = yScale(v);
-        const rect = svg("rect", {
-          x: L + i * slot + (slot - barW) / 2, y: H - B - yScale(base) - h, width: barW, height: Math.max(h, 0.5),
-          fill: colors.get(t.tenant), "data-tenant": t.tenant,
-        });
-        rect.appendChild(svg("title", {}, `${t.tenant} at ${fmtTime(start)}: ${fmtUsd(v)}, ` +
-          `${t.series[i].stats.queries} queries`));
-        root.appendChild(rect);
-        base += v;
+        const s = t.series[i].stats;
+        for (const [kind, v] of [["used", s.cost_usd], ["reserved", reservedOf(s)]]) {
+          if (v <= 0) continue;
+          const h = yScale(v);
+          const rect = svg("rect", {
+            x: L + i * slot + (slot - barW) / 2, y: H - B - yScale(base) - h, width: barW,
+            height: Math.max(h, 0.5), fill: colors.get(t.tenant), "data-tenant": t.tenant, "data-kind": kind,
+            "fill-opacity": kind === "used" ? 1 : 0.4,
+          });
+          rect.appendChild(svg("title", {}, `${t.tenant} at ${fmtTime(start)}: ${fmtUsd(v)} ${kind}` +
+            (kind === "used" ? `, ${s.queries} queries` : " (the fleet's cost beyond charges)")));
+          root.appendChild(rect);
+          base += v;
+        }
       }
     });
     const labelEvery = Math.max(1, Math.ceil(n / 8));
@@ -153,6 +158,82 @@
       item.style.setProperty("--swatch", colors.get(name));
       return item;
     }));
+  }
+
+  // A line per tenant: its share of queries answered in time, bucket by bucket.
+  function sloChart(report) {
+    const box = $("slo-chart");
+    box.replaceChildren();
+    const W = 900, H = 200, L = 50, R = 10, T = 10, B = 28;
+    const colors = colorFor(report.tenants.map((t) => t.tenant));
+    const n = report.buckets.length;
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "SLO attainment per tenant over time" });
+    root.appendChild(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }));
+    root.appendChild(svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }));
+    const x = (i) => L + ((i + 0.5) * (W - L - R)) / Math.max(n, 1);
+    const y = (v) => H - B - v * (H - T - B);
+    for (const frac of [0, 0.5, 0.9, 1]) {
+      root.appendChild(svg("text", { x: L - 6, y: y(frac) + 4, "text-anchor": "end" }, `${Math.round(frac * 100)} %`));
+      if (frac > 0) root.appendChild(svg("line", { x1: L, y1: y(frac), x2: W - R, y2: y(frac), class: "axis" }));
+    }
+    let drawn = 0;
+    for (const t of report.tenants) {
+      const pts = t.series.map((p, i) => [i, p.stats.slo_attainment]).filter(([, v]) => v !== null && v !== undefined);
+      if (pts.length === 0) continue;
+      const line = svg("polyline", { points: pts.map(([i, v]) => `${x(i)},${y(v)}`).join(" "), fill: "none",
+        stroke: colors.get(t.tenant), "stroke-width": 2, "data-tenant": t.tenant });
+      line.appendChild(svg("title", {}, `${t.tenant}: ${fmtPct(t.totals.slo_attainment)} in SLO over the window`));
+      root.appendChild(line);
+      for (const [i, v] of pts) {
+        root.appendChild(svg("circle", { cx: x(i), cy: y(v), r: 2.5, fill: colors.get(t.tenant), "data-tenant": t.tenant }));
+      }
+      drawn += 1;
+    }
+    if (drawn === 0) {
+      root.appendChild(svg("text", { x: (L + W) / 2, y: H / 2, "text-anchor": "middle" }, "no queries in this window"));
+    }
+    box.appendChild(root);
+  }
+
+  // The what-if frontier of one tenant: what its recent queries would have been charged at
+  // other latency targets (x, log scale), at its accuracy floors and 0.02 below.
+  function adviceChart(advice) {
+    const box = $("advice-chart");
+    box.replaceChildren();
+    $("advice-summary").textContent = advice ? `${advice.tenant}: ${advice.summary}` : "no tenant has traffic yet";
+    if (!advice || advice.points.length === 0) return;
+    const W = 900, H = 220, L = 80, R = 20, T = 12, B = 30;
+    const factors = [...new Set(advice.points.map((p) => p.latency_factor))].sort((a, b) => a - b);
+    const lo = Math.log(factors[0]), hi = Math.log(factors[factors.length - 1]);
+    const top = Math.max(...advice.points.map((p) => p.charged_usd), 0);
+    const x = (f) => L + ((Math.log(f) - lo) / Math.max(hi - lo, 1e-9)) * (W - L - R);
+    const y = (v) => H - B - (top > 0 ? (v / top) * (H - T - B) : 0);
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "cost against the latency target" });
+    root.appendChild(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }));
+    root.appendChild(svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }));
+    for (const frac of [0, 0.5, 1]) {
+      root.appendChild(svg("text", { x: L - 6, y: y(frac * top) + 4, "text-anchor": "end" }, fmtUsd(frac * top)));
+    }
+    const median = advice.points.find((p) => p.latency_factor === 1 && p.accuracy_delta === 0);
+    for (const f of factors) {
+      const ms = median ? ` (${fmtMs(median.median_latency_ms * f)})` : "";
+      root.appendChild(svg("text", { x: x(f), y: H - 10, "text-anchor": "middle" }, `${f}×${ms}`));
+    }
+    const deltas = [...new Set(advice.points.map((p) => p.accuracy_delta))].sort((a, b) => b - a);
+    deltas.forEach((delta, k) => {
+      const pts = advice.points.filter((p) => p.accuracy_delta === delta).sort((a, b) => a.latency_factor - b.latency_factor);
+      const color = PALETTE[k % PALETTE.length];
+      root.appendChild(svg("polyline", { points: pts.map((p) => `${x(p.latency_factor)},${y(p.charged_usd)}`).join(" "),
+        fill: "none", stroke: color, "stroke-width": 2, "data-accuracy-delta": delta }));
+      for (const p of pts) {
+        const dot = svg("circle", { cx: x(p.latency_factor), cy: y(p.charged_usd), r: 4, fill: color,
+          "data-factor": p.latency_factor, "data-accuracy-delta": delta });
+        dot.appendChild(svg("title", {}, `${p.latency_factor}× the latency target, accuracy ${delta === 0 ? "as sent" : delta}: ` +
+          `${fmtUsd(p.charged_usd)}, ${fmtPct(p.in_slo_share)} in SLO`));
+        root.appendChild(dot);
+      }
+    });
+    box.appendChild(root);
   }
 
   function variantChart(report) {
@@ -332,7 +413,13 @@
     try {
       const range = encodeURIComponent($("range").value);
       const [report, fleet] = await Promise.all([api(`/v1/admin/usage?from=${range}`), api("/v1/admin/fleet")]);
+      // The frontier of the tenant charged most in the window (the server caches it for a minute).
+      const busiest = [...report.tenants].sort((a, b) => b.totals.cost_usd - a.totals.cost_usd)[0];
+      const advice = busiest && busiest.totals.queries > 0
+        ? await api(`/v1/usage/advice?tenant=${encodeURIComponent(busiest.tenant)}`) : null;
       stackedCostChart(report);
+      sloChart(report);
+      adviceChart(advice);
       tenantsTable(report);
       variantChart(report);
       variantsTable(report);
