@@ -162,6 +162,7 @@ def test_charged_plus_reserved_is_what_the_fleet_cost(small_zoo: Settings, tmp_p
         time.sleep(2.5)  # rounds close the intervals that hold the last charges
         with server.client(server.admin_key) as admin:
             live = admin.get("/v1/admin/usage").json()
+            metrics = admin.get("/metrics").text
         autoscaler = server.app.state.autoscaler
     fleet_pusd = sum(autoscaler.cost.pusd.values())
     store = open_store(server.app.state.settings)
@@ -178,6 +179,10 @@ def test_charged_plus_reserved_is_what_the_fleet_cost(small_zoo: Settings, tmp_p
     assert reserved["acme"] > reserved["beta"] > 0
     shown = {t["tenant"]: t["totals"]["reserved_pusd"] for t in live["tenants"]}
     assert shown["acme"] > 0 and shown["beta"] > 0  # the API shows it while the service runs
+    gauges = {
+        labels["tenant"]: v for n, labels, v in metric_samples(metrics) if n == "infaas_reserved_cost_usd"
+    }
+    assert gauges["acme"] > 0 and gauges["beta"] > 0  # and /metrics
 
 
 def test_a_tenant_gets_what_other_targets_would_have_cost(small_zoo: Settings, tmp_path: Path) -> None:
