@@ -45,16 +45,17 @@ Catalog = dict[str, tuple[Variant, Profile | None]]
 
 def cheapest_variants(variants: Catalog, architectures: set[str]) -> dict[str, str]:
     """Per architecture, its profiled variant with the lowest cost per query (the one warm-up
-    loads and the warm floor keeps)."""
-    cheapest: dict[str, tuple[float, str]] = {}
+    loads and the warm floor keeps), on a CPU when the architecture has a CPU variant: GPUs are
+    the scarce class, and a floor held idle on one would keep it from the variants that need it."""
+    cheapest: dict[str, tuple[bool, float, str]] = {}
     for name, (variant, profile) in variants.items():
         if profile is None or variant.architecture not in architectures:
             continue
-        cost = profile.cost_usd_per_1k(1)
+        key = (variant.spec.hardware == "gpu", profile.cost_usd_per_1k(1), name)
         best = cheapest.get(variant.architecture)
-        if best is None or (cost, name) < best:
-            cheapest[variant.architecture] = (cost, name)
-    return {arch: name for arch, (_, name) in cheapest.items()}
+        if best is None or key < best:
+            cheapest[variant.architecture] = key
+    return {arch: key[2] for arch, key in cheapest.items()}
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,12 @@ test checks they are the very objects the service imports):
 
 What is simulated (the worker model), and how it departs from the service:
 
-- `workers` machines of `cores` cores; a replica holds `threads` cores of one machine (first fit),
-  runs one batch at a time, and is ready `load_time_s` after it is placed. Every mode starts with
+- `workers` machines of `cores` cores, the last `gpu_workers` of them with `gpus` GPUs each (a
+  GPU machine class); a replica holds what `VariantSpec.holds` says it holds, as the service's
+  autoscaler and worker caps count it: a CPU variant `threads` cores, a GPU variant
+  `autoscaling.gpu_share` of a GPU and no core (first fit, CPU-only machines first), runs one
+  batch at a time, and is ready `load_time_s` after it is placed. GPU replicas sharing a GPU
+  (a share below 1) do not slow each other here: not modelled. Every mode starts with
   the warm-up's floors loaded (the cheapest variant of each architecture), as the service does.
   The free cores the autoscaler sees are the cluster's free cores less one reserved for the front
   end; a placement that fragmentation defeats is skipped, as the service skips an action that
@@ -148,6 +152,11 @@ class SimConfig:
     # serve --workers N`, or hosts of their own): a 100-worker fleet behind one Python front end
     # would measure the front end. Each runs the fast path's batches of the queries it took.
     front_ends: int = 1
+    # The GPU machine class: the last `gpu_workers` of the `workers` machines have `gpus` GPUs
+    # each (and `cores` cores, which CPU replicas may use too). A GPU replica's share of a GPU is
+    # `autoscaling.gpu_share`, as the service's is `INFAAS_GPU_PER_WORKER`.
+    gpu_workers: int = 0
+    gpus: int = 1
     reserved_cores: int = 1  # the (first) front end's, on the cluster's cores
     max_in_flight: int = 2  # batches in flight per replica (the batcher's default)
     max_queue_rows: int = 4096  # the batcher's bound (INFAAS_MAX_QUEUE_ROWS)
@@ -163,6 +172,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cores < 1 or self.front_ends < 1:
             raise ValueError("workers, cores and front ends must be at least 1")
+        if not 0 <= self.gpu_workers <= self.workers or self.gpus < 1:
+            raise ValueError("gpu_workers must be in [0, workers] and gpus at least 1")
 
 
 @dataclass
@@ -287,13 +298,19 @@ class _VQ:
     """One variant: its replicas and the batcher's queue for it."""
 
     def __init__(
-        self, variant: Variant, profile: Profile, task: str, hop_ms: float, local_rows: int | None = None
+        self,
+        variant: Variant,
+        profile: Profile,
+        task: str,
+        hop_ms: float,
+        local_rows: int | None = None,
+        gpu_share: float = 1.0,
     ) -> None:
         self.variant = variant
         self.profile = profile
         self.name = variant.name
         self.task = task
-        self.threads = variant.spec.threads
+        self.cpus, self.gpus = variant.spec.holds(gpu_share)  # what one replica holds
         # In the front end (`local_rows`: its batch cap there): one copy, on the front end's own
         # core, and no hop.
         self.local = local_rows is not None
@@ -354,10 +371,16 @@ class Simulation:
     def __init__(self, zoo: Zoo, trace: Trace, mode: Mode, config: SimConfig | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
-        self.zoo = zoo
         self.trace = trace
         self.mode = mode
         self.config = cfg = config or SimConfig()
+        if not cfg.gpu_workers:
+            # As the router's snapshot does (`snapshot.choose_profile`): a variant whose machine
+            # class the cluster lacks has no usable profile.
+            zoo = dataclasses.replace(
+                zoo, variants={n: vp for n, vp in zoo.variants.items() if vp[0].spec.hardware != "gpu"}
+            )
+        self.zoo = zoo
         self.now_s = 0.0
         self._rng = np.random.default_rng(cfg.seed)
         self._overhead_ms = cfg.hop_ms + cfg.frontend_ms
@@ -366,14 +389,22 @@ class Simulation:
         self._seq = 0
         self._step = 0
         self._batch_ids = 0
-        self._free = [cfg.cores] * cfg.workers
+        self._free = [float(cfg.cores)] * cfg.workers
+        self._free_gpu = [0.0] * (cfg.workers - cfg.gpu_workers) + [float(cfg.gpus)] * cfg.gpu_workers
         self._fleet_usd = 0.0
         self._fleet_rate = 0.0
         self._fleet_at_s = 0.0
         by_task = zoo.by_task()
         self._tables = {task: VariantTable(entries) for task, entries in by_task.items()}
         self._vqs: dict[str, _VQ] = {
-            v.name: _VQ(v, p, zoo.tasks[v.architecture], cfg.hop_ms, self._local_rows(v, p))
+            v.name: _VQ(
+                v,
+                p,
+                zoo.tasks[v.architecture],
+                cfg.hop_ms,
+                self._local_rows(v, p),
+                cfg.autoscaling.gpu_share,
+            )
             for v, p in zoo.variants.values()
         }
         self._task_names = {task: [v.name for v, _ in entries] for task, entries in by_task.items()}
@@ -413,11 +444,13 @@ class Simulation:
                 return False
             where = _FRONT_END
         else:
-            room = [w for w, free in enumerate(self._free) if free >= vq.threads]
+            free, free_gpu = self._free, self._free_gpu
+            room = [w for w in range(len(free)) if free[w] >= vq.cpus and free_gpu[w] + 1e-9 >= vq.gpus]
             if not room:
                 return False
             where = room[0]
-            self._free[where] -= vq.threads
+            free[where] -= vq.cpus
+            free_gpu[where] -= vq.gpus
         vq.replicas.append(_Replica(where, ready_at_s))
         self._charge()
         self._fleet_rate += vq.profile.price_usd_per_s
@@ -435,7 +468,8 @@ class Simulation:
         while len(vq.replicas) > keep:
             r = vq.replicas.pop()
             if r.worker != _FRONT_END:
-                self._free[r.worker] += vq.threads
+                self._free[r.worker] += vq.cpus
+                self._free_gpu[r.worker] += vq.gpus
             self._charge()
             self._fleet_rate -= vq.profile.price_usd_per_s
         vq.ready = sum(1 for r in vq.replicas if r.ready_at_s <= self.now_s)
@@ -467,6 +501,9 @@ class Simulation:
 
     def _free_cpus(self) -> float:
         return float(max(0, sum(self._free) - self.config.reserved_cores))
+
+    def _free_gpus(self) -> float:
+        return sum(self._free_gpu)
 
     def _setup(self) -> None:
         """The fleet at time 0, ready: the warm-up's floors (the service warms them up in every
@@ -533,11 +570,16 @@ class Simulation:
             vq = self._vqs[name]
             cap = capacity_rows_per_s(vq.profile)
             need[name] = max(1, math.ceil(peak / (cfg.autoscaling.target_utilization * max(cap, 1e-9))))
-        room = cfg.workers * cfg.cores - cfg.reserved_cores
-        held = sum(need[n] * self._vqs[n].threads for n in pinned)
-        if held > room:
-            scale = room / held
-            need = {n: max(1, int(c * scale)) for n, c in need.items()}
+        # Scaled down to fit the cluster, cores and GPUs each.
+        for room, gpu in (
+            (cfg.workers * cfg.cores - cfg.reserved_cores, False),
+            (cfg.gpu_workers * cfg.gpus, True),
+        ):
+            holds = {n: self._vqs[n].gpus if gpu else self._vqs[n].cpus for n in pinned}
+            held = sum(need[n] * holds[n] for n in pinned)
+            if held > room:
+                scale = room / held
+                need = {n: max(1, int(c * scale)) if holds[n] else c for n, c in need.items()}
         return need
 
     # ---- events -----------------------------------------------------------------------------
@@ -690,7 +732,7 @@ class Simulation:
         vq = self._vqs[name]
         if vq.replicas:
             return
-        if optional and vq.threads > self._free_cpus():
+        if optional and (vq.cpus > self._free_cpus() or vq.gpus > self._free_gpus() + 1e-9):
             return
         self._place(vq, self.now_s + vq.profile.load_time_s)
 
@@ -859,7 +901,8 @@ class Simulation:
                     capacity_rows_per_s=capacity_rows_per_s(vq.profile, d.mean_batch_rows),
                     accuracy=vq.profile.accuracy,
                     price_usd_per_s=vq.profile.price_usd_per_s,
-                    cpus=float(vq.threads),
+                    cpus=vq.cpus,
+                    gpus=vq.gpus,
                     remote=not vq.local,
                     arrival_rows_per_s=d.rows_per_s,
                     pressure_rows_per_s=d.pressure_rows_per_s,
@@ -873,7 +916,7 @@ class Simulation:
                     active=now_s - last_active.get(arch, 0.0) <= ttl,
                 )
             )
-        return FleetSnapshot(variants=tuple(states), free_cpus=self._free_cpus())
+        return FleetSnapshot(variants=tuple(states), free_cpus=self._free_cpus(), free_gpus=self._free_gpus())
 
     def _scope(self) -> list[str]:
         if self.mode == "modelless":

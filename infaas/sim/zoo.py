@@ -9,6 +9,16 @@ models are slower and more accurate), and per variant a runtime, precision and t
 scale latency, accuracy and price the way the measured variants do in `docs/benchmarks.md`
 (int8 faster and slightly less accurate, more threads faster and dearer per second). Latency is
 linear in the batch size with a fixed part, so batching pays, as it does on the real runtimes.
+
+With `gpu=True` each architecture also has an ONNX Runtime CUDA fp32 and fp16 variant, profiled on
+a GPU machine class (`SYNTHETIC_GPU_MACHINE`). Their shape is the one `scripts/gpu_check` measured
+on an H200 (docs/benchmarks.md, "GPU variant paths"): a fixed ~0.07 ms per batch (launch and
+host↔device copies) that dominates small models, a compute part 20× shorter than one CPU core's
+(1.50 ms → 0.075 ms at 128 rows on the 1024-wide MLP) and rows almost free (200× less per row), up
+to 128 rows a batch. A replica is priced at one GPU of the profiler's default price table (an
+NVIDIA T4 hour, $0.35), what `profiler.cost.price_usd_per_s` charges a GPU variant; a GPU model
+faster than the T4 at that price makes GPUs look cheaper than they are: an assumption to keep in
+mind when reading a mixed-fleet result.
 """
 
 from __future__ import annotations
@@ -33,11 +43,17 @@ from infaas.types import (
     VariantSpec,
 )
 
-__all__ = ["Zoo", "from_store", "mixed_tenants", "synthetic_zoo"]
+__all__ = ["SYNTHETIC_GPU_MACHINE", "Zoo", "from_store", "mixed_tenants", "synthetic_zoo"]
 
 SYNTHETIC_MACHINE = MachineInfo(cpu_model="synthetic", cores=8)
-USD_PER_CORE_S = 0.045 / 3600.0  # a cloud vCPU-hour, the price `profiler/cost.py` defaults to
-_BATCHES = (1, 2, 4, 8, 16, 32)
+SYNTHETIC_GPU_MACHINE = MachineInfo(cpu_model="synthetic", cores=8, gpu="synthetic-gpu")
+USD_PER_CORE_S = 0.045 / 3600.0  # a cloud vCPU-hour
+USD_PER_GPU_S = 0.35 / 3600.0  # a GPU-hour: `profiler.cost.DEFAULT_PRICE_TABLE` (NVIDIA T4)
+GPU_LAUNCH_MS = 0.07  # H200, p50 at 1-8 rows of a small MLP, copies included
+GPU_SPEEDUP = 20.0  # the compute part against one CPU core
+GPU_ROW_SPEEDUP = 200.0  # each further row's part
+GPU_MAX_BATCH = 128
+_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 _RUNTIMES: tuple[tuple[RuntimeName, float], ...] = (("onnxruntime", 1.0), ("tensorflow", 1.6))
 _PRECISIONS: tuple[tuple[Precision, float, float], ...] = (
     ("fp32", 1.0, 0.0),
@@ -61,8 +77,17 @@ class Zoo:
         return out
 
 
-def _profile(variant: Variant, base_ms: float, accuracy: float, load_time_s: float) -> Profile:
-    per_row_ms = 0.12 * base_ms  # the fixed part dominates one row: batching raises throughput
+def _profile(
+    variant: Variant,
+    base_ms: float,
+    accuracy: float,
+    load_time_s: float,
+    per_row_ms: float | None = None,
+    machine: MachineInfo = SYNTHETIC_MACHINE,
+    price_usd_per_s: float | None = None,
+) -> Profile:
+    if per_row_ms is None:
+        per_row_ms = 0.12 * base_ms  # the fixed part dominates one row: batching raises throughput
 
     def p50(b: int) -> float:
         return base_ms + per_row_ms * (b - 1)
@@ -85,20 +110,23 @@ def _profile(variant: Variant, base_ms: float, accuracy: float, load_time_s: flo
     )
     return Profile(
         variant=variant.name,
-        machine=SYNTHETIC_MACHINE,
+        machine=machine,
         measured_at_s=0.0,
         points=points,
         fit_intercept_ms=base_ms - per_row_ms,
         fit_slope_ms=per_row_ms * 1.3,
         load_time_s=load_time_s,
         accuracy=accuracy,
-        price_usd_per_s=variant.spec.threads * USD_PER_CORE_S,
+        price_usd_per_s=variant.spec.threads * USD_PER_CORE_S if price_usd_per_s is None else price_usd_per_s,
     )
 
 
-def synthetic_zoo(tasks: int, variants_per_task: int, seed: int = 0, max_batch: int = 32) -> Zoo:
-    """`tasks` tasks of `variants_per_task` variants each, reproducible from `seed`. Each
-    architecture has up to 18 variants (2 runtimes × 3 precisions × 3 thread counts)."""
+def synthetic_zoo(
+    tasks: int, variants_per_task: int, seed: int = 0, max_batch: int = 32, gpu: bool = False
+) -> Zoo:
+    """`tasks` tasks of `variants_per_task` CPU variants each, reproducible from `seed`. Each
+    architecture has up to 18 CPU variants (2 runtimes × 3 precisions × 3 thread counts), and with
+    `gpu` two GPU variants more (fp32, fp16; the CPU ones are the same with or without)."""
     if tasks < 1 or variants_per_task < 1:
         raise ValueError("tasks and variants_per_task must be at least 1")
     rng = np.random.default_rng(seed)
@@ -140,7 +168,43 @@ def synthetic_zoo(tasks: int, variants_per_task: int, seed: int = 0, max_batch: 
                     variant,
                     _profile(variant, base_ms, accuracy - acc_loss, load_time_s),
                 )
+            if gpu:
+                for variant, profile in _gpu_variants(arch, compute_ms, accuracy, load_time_s):
+                    variants[variant.name] = (variant, profile)
     return Zoo(variants=variants, tasks=arch_task)
+
+
+def _gpu_variants(
+    arch: str, compute_ms: float, accuracy: float, load_time_s: float
+) -> list[tuple[Variant, Profile]]:
+    """An architecture's CUDA fp32 and fp16 variants (module docstring: the GPU class's shape)."""
+    out: list[tuple[Variant, Profile]] = []
+    for precision, p_factor, acc_loss in (("fp32", 1.0, 0.0), ("fp16", 0.6, 0.002)):
+        spec = VariantSpec(
+            architecture=arch,
+            runtime="onnxruntime",
+            hardware="gpu",
+            precision=precision,  # type: ignore[arg-type]
+            max_batch=GPU_MAX_BATCH,
+        )
+        variant = Variant(
+            spec=spec,
+            artifact="synthetic",
+            sha256="0" * 64,
+            parity=Parity(top1_agreement=1.0 - acc_loss, max_abs_diff=0.0, samples=1),
+        )
+        compute = compute_ms * p_factor
+        profile = _profile(
+            variant,
+            GPU_LAUNCH_MS + compute / GPU_SPEEDUP,
+            accuracy - acc_loss,
+            load_time_s + 1.0,  # a CUDA context and the weights' upload
+            per_row_ms=0.12 * compute / GPU_ROW_SPEEDUP,
+            machine=SYNTHETIC_GPU_MACHINE,
+            price_usd_per_s=USD_PER_GPU_S,
+        )
+        out.append((variant, profile))
+    return out
 
 
 def from_store(data_dir: str) -> Zoo:

@@ -22,7 +22,7 @@ from infaas.sim import engine
 from infaas.sim.engine import SimConfig, Simulation, simulate
 from infaas.sim.traces import Query, TenantSpec, Trace, poisson
 from infaas.sim.zoo import Zoo, mixed_tenants, synthetic_zoo
-from infaas.types import LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
+from infaas.types import Hardware, LatencyPoint, MachineInfo, Parity, Profile, Variant, VariantSpec
 
 MACHINE = MachineInfo(cpu_model="test", cores=8)
 
@@ -36,8 +36,11 @@ def entry(
     accuracy: float = 0.9,
     price_usd_per_s: float = 1e-5,
     load_time_s: float = 1.0,
+    hardware: Hardware = "cpu",
 ) -> tuple[Variant, Profile]:
-    spec = VariantSpec(architecture=arch, runtime="onnxruntime", threads=threads, max_batch=32)
+    spec = VariantSpec(
+        architecture=arch, runtime="onnxruntime", hardware=hardware, threads=threads, max_batch=32
+    )
     variant = Variant(
         spec=spec, artifact="a", sha256="0", parity=Parity(top1_agreement=1, max_abs_diff=0, samples=1)
     )
@@ -311,3 +314,66 @@ def test_the_noise_is_each_profiles_own_spread() -> None:
     assert np.percentile(draws, 99) == pytest.approx(3.0, rel=0.02)
     assert spread_sigma(2.0, 2.0) == 0.0 and spread_sigma(0.0, 1.0) == 0.0
     assert SimConfig().noise is None
+
+
+# ---- the GPU machine class ---------------------------------------------------------------------
+
+
+def test_a_gpu_replica_holds_its_share_of_a_gpu_on_a_gpu_machine_and_no_core() -> None:
+    gpu, gpu_profile = entry("big", hardware="gpu", base_ms=0.5, per_row_ms=0.01)
+    zoo = zoo_of(entry("small"), (gpu, gpu_profile))
+    cfg = SimConfig(workers=3, cores=4, gpu_workers=1, gpus=1, autoscaling=AutoscalingConfig(gpu_share=0.5))
+    sim = Simulation(zoo, trace_of(q(0.1)), "modelless", cfg)
+    vq = sim._vqs[gpu.name]
+    assert (vq.cpus, vq.gpus) == (0.0, 0.5)
+    assert len(vq.replicas) == 1  # the architecture's warm floor (its only variant)
+    assert sim._place(vq, 0.0)
+    assert not sim._place(vq, 0.0)  # two halves of the one GPU are taken
+    assert {r.worker for r in vq.replicas} == {2}  # the GPU machine, the last one
+    assert sim._free[2] == 4.0 and sim._free_gpu == [0.0, 0.0, 0.0]
+    assert sim.snapshot().free_gpus == 0.0
+    state = next(v for v in sim.snapshot().variants if v.name == gpu.name)
+    assert (state.cpus, state.gpus, state.replicas) == (0.0, 0.5, 2)
+    sim._drop(vq, 1)
+    assert sim._free_gpu[2] == 0.5
+
+
+def test_without_a_gpu_machine_gpu_variants_are_never_chosen() -> None:
+    """As the router's snapshot leaves out a profile of a machine class the cluster lacks."""
+    cpu = entry("small", base_ms=4.0, accuracy=0.9)
+    gpu = entry("fast", hardware="gpu", base_ms=0.2, accuracy=0.95, price_usd_per_s=1e-6)
+    trace = trace_of(*(q(0.1 + i / 100) for i in range(50)))
+    result = simulate(zoo_of(cpu, gpu), trace, "modelless", SimConfig(workers=1, cores=4))
+    assert set(result.total.by_variant) == {cpu[0].name}
+    mixed = simulate(zoo_of(cpu, gpu), trace, "modelless", SimConfig(workers=2, cores=4, gpu_workers=1))
+    assert gpu[0].name in mixed.total.by_variant
+
+
+def test_static_on_gpus_is_sized_to_the_gpus_there_are() -> None:
+    gpu = entry("big", hardware="gpu", base_ms=6.0, accuracy=0.95, price_usd_per_s=2e-5)
+    zoo = zoo_of(entry("small", base_ms=1.0, accuracy=0.8), gpu)
+    cfg = SimConfig(workers=4, cores=16, gpu_workers=2, gpus=1)
+    sim = Simulation(zoo, step_trace(20, 3000, (1, 3, 1)), "static", cfg)
+    assert sim.pins == {"a": gpu[0].name}
+    assert len(sim._vqs[gpu[0].name].replicas) == 2  # the peak wants more; there are 2 GPUs
+
+
+def test_the_synthetic_gpu_class_has_the_measured_shape() -> None:
+    """CPU variants identical with or without GPUs; two CUDA variants per architecture, on the
+    GPU machine class, nearly flat in the batch size (H200: 0.065 ms at 1 row, 0.086 at 512)."""
+    from infaas.sim.zoo import SYNTHETIC_GPU_MACHINE
+
+    cpu_only, mixed = synthetic_zoo(2, 10, seed=1), synthetic_zoo(2, 10, seed=1, gpu=True)
+    gpus = {n: vp for n, vp in mixed.variants.items() if vp[0].spec.hardware == "gpu"}
+    assert {n: vp for n, vp in mixed.variants.items() if n not in gpus} == cpu_only.variants
+    assert len(gpus) == 2 * len(cpu_only.tasks)
+    for variant, profile in gpus.values():
+        assert profile.machine == SYNTHETIC_GPU_MACHINE and variant.spec.max_batch == 128
+        assert profile.latency_ms(128, "p50") < 3 * profile.latency_ms(1, "p50")
+        cpu = (
+            cpu_only.variants[f"{variant.architecture}/onnx-cpu-fp32-t1"][1]
+            if (f"{variant.architecture}/onnx-cpu-fp32-t1" in cpu_only.variants)
+            else None
+        )
+        if cpu is not None:
+            assert profile.latency_ms(32, "p50") < cpu.latency_ms(32, "p50")
