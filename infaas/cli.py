@@ -589,6 +589,10 @@ def simulate(
     workers: int = typer.Option(4, "--workers", help="Simulated worker machines."),
     cores: int = typer.Option(8, "--cores", help="Cores per worker."),
     front_ends: int = typer.Option(1, "--front-ends", help="Front ends behind a load balancer."),
+    gpu_workers: int = typer.Option(
+        0, "--gpu-workers", min=0, help="Of the workers, how many have GPUs (the GPU machine class)."
+    ),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs per GPU worker."),
     synthetic: str | None = typer.Option(
         None, "--synthetic", help="TASKSxVARIANTS (e.g. 10x100): a synthetic zoo instead of the store's."
     ),
@@ -626,8 +630,10 @@ def simulate(
         except ValueError as exc:
             console.print("[red]error:[/] --synthetic is TASKSxVARIANTS, e.g. 10x100")
             raise typer.Exit(2) from exc
-        zoo = synthetic_zoo(n_tasks, n_variants, seed=seed)
-        source = f"synthetic zoo: {n_tasks} task(s) × {n_variants} variants"
+        zoo = synthetic_zoo(n_tasks, n_variants, seed=seed, gpu=gpu_workers > 0)
+        source = f"synthetic zoo: {n_tasks} task(s) × {n_variants} variants" + (
+            " + 2 GPU variants per architecture" if gpu_workers else ""
+        )
     else:
         settings = load_settings()
         zoo = from_store(str(settings.data_dir))
@@ -636,8 +642,12 @@ def simulate(
             console.print(f"[red]error:[/] no profiled variants in {settings.data_dir}; try --synthetic 2x20")
             raise typer.Exit(1)
     rng = np.random.default_rng(seed)
+    if gpu_workers > workers:
+        console.print("[red]error:[/] --gpu-workers counts some of --workers: at most --workers")
+        raise typer.Exit(2)
     if trace in ("poisson", "diurnal", "bursty"):
-        mix = mixed_tenants(zoo)
+        # The targets come from the CPU variants: what a tenant asks does not depend on the fleet.
+        mix = mixed_tenants(zoo.cpu_only() if zoo.cpu_only().variants else zoo)
         if trace == "poisson":
             the_trace = traces.poisson([(seconds, rate)], mix, rng)
         elif trace == "diurnal":
@@ -651,11 +661,14 @@ def simulate(
     console.print(
         f"{source}; trace {trace}: {len(the_trace):,} queries over {the_trace.duration_s:.0f} s, "
         f"{len(the_trace.tenants)} tenant(s); {workers} worker(s) × {cores} cores"
+        + (f", {gpu_workers} of them with {gpus} GPU(s)" if gpu_workers else "")
     )
     config = engine.SimConfig(
         workers=workers,
         cores=cores,
         front_ends=front_ends,
+        gpu_workers=gpu_workers,
+        gpus=gpus,
         noise=noise,
         seed=seed,
         static_replicas=static_replicas,

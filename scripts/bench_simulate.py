@@ -53,10 +53,7 @@ def main() -> None:
     rate = 1.1 * args.queries / args.seconds
     # The tenants' targets come from the CPU variants (the same trace with or without GPUs): what
     # a tenant asks for does not depend on the fleet.
-    cpu_zoo = (
-        synthetic_zoo(args.tasks, args.variants // args.tasks, seed=args.seed) if args.gpu_workers else zoo
-    )
-    trace = bursty(args.seconds, rate, mixed_tenants(cpu_zoo), np.random.default_rng(args.seed)).head(
+    trace = bursty(args.seconds, rate, mixed_tenants(zoo.cpu_only()), np.random.default_rng(args.seed)).head(
         args.queries
     )
     print(

@@ -377,9 +377,7 @@ class Simulation:
         if not cfg.gpu_workers:
             # As the router's snapshot does (`snapshot.choose_profile`): a variant whose machine
             # class the cluster lacks has no usable profile.
-            zoo = dataclasses.replace(
-                zoo, variants={n: vp for n, vp in zoo.variants.items() if vp[0].spec.hardware != "gpu"}
-            )
+            zoo = zoo.cpu_only()
         self.zoo = zoo
         self.now_s = 0.0
         self._rng = np.random.default_rng(cfg.seed)

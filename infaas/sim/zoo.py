@@ -70,6 +70,13 @@ class Zoo:
     variants: dict[str, tuple[Variant, Profile]]
     tasks: dict[str, str]  # architecture → task
 
+    def cpu_only(self) -> Zoo:
+        """The same zoo without its GPU variants (what a CPU-only cluster's router may use)."""
+        return Zoo(
+            variants={n: vp for n, vp in self.variants.items() if vp[0].spec.hardware != "gpu"},
+            tasks=self.tasks,
+        )
+
     def by_task(self) -> dict[str, list[tuple[Variant, Profile]]]:
         out: dict[str, list[tuple[Variant, Profile]]] = {}
         for variant, profile in self.variants.values():
