@@ -188,7 +188,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=40.0)
-    parser.add_argument("--rate", type=float, default=150.0, help="mean queries/s of the bursty trace")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        nargs="+",
+        default=[150.0],
+        help="mean queries/s of the bursty trace; several: one trace each, then the validation table "
+        "(issue 35's three loads: --rate 50 400 1000 --modes modelless)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--frontend-ms",
@@ -213,15 +220,53 @@ def main() -> None:
         build_zoo(data_dir)
         zoo = from_store(str(data_dir))
         mix = mixed_tenants(zoo, overhead_ms=args.slack_ms)
-        trace = bursty(args.seconds, args.rate, mix, np.random.default_rng(args.seed))
-        classes = ", ".join(trace.tenants)
-        print(f"==> trace: {len(trace)} queries over {trace.duration_s:.0f} s; classes: {classes}")
-        rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-        for mode in args.modes:
-            sim, pins = run_sim(zoo, trace, mode, args.frontend_ms)
-            print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
-            real = run_real(data_dir, work, mode, trace, pins)
-            rows.append((mode, real, sim))
+        by_rate: list[tuple[float, list[tuple[str, dict[str, Any], dict[str, Any]]]]] = []
+        for rate in args.rate:
+            trace = bursty(args.seconds, rate, mix, np.random.default_rng(args.seed))
+            classes = ", ".join(trace.tenants)
+            print(f"==> trace at {rate:g}/s: {len(trace)} queries over {trace.duration_s:.0f} s; {classes}")
+            rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+            for mode in args.modes:
+                sim, pins = run_sim(zoo, trace, mode, args.frontend_ms)
+                print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
+                real = run_real(data_dir, work, mode, trace, pins)
+                rows.append((mode, real, sim))
+            by_rate.append((rate, rows))
+    for rate, rows in by_rate:
+        if len(by_rate) > 1:
+            print(f"\n==== mean {rate:g} queries/s")
+        report(rows)
+    if len(by_rate) > 1:
+        validation(by_rate)
+
+
+def agree(real: float, sim: float, noise: float = 0.0) -> bool:
+    """Within 10 % of the real figure, or both at most `noise` (0 against 3 refusals agrees)."""
+    return max(real, sim) <= noise or abs(sim - real) <= 0.1 * abs(real)
+
+
+def validation(by_rate: list[tuple[float, list[tuple[str, dict[str, Any], dict[str, Any]]]]]) -> None:
+    """Issue 35's table: in SLO, 429 and fleet cost, real against simulated, per load and mode."""
+    print("\n| load (mean q/s) | mode | in SLO real / sim | 429 real / sim | fleet USD real / sim | agree |")
+    print("|---|---|---|---|---|---|")
+    for rate, rows in by_rate:
+        for mode, real, sim in rows:
+            sent = real["sent"]
+            checks = {
+                "in SLO": agree(real["in_slo"], sim["in_slo"], 0.005 * sent),
+                "429": agree(real["refused"], sim["refused"], 0.005 * sent),
+                "fleet": agree(real["fleet_usd"], sim["fleet_usd"]),
+            }
+            off = [k for k, ok in checks.items() if not ok]
+            verdict = "no: " + ", ".join(off) if off else "yes"
+            print(
+                f"| {rate:g} | {mode} | {real['in_slo']} / {sim['in_slo']} "
+                f"| {real['refused']} / {sim['refused']} "
+                f"| {real['fleet_usd']:.4g} / {sim['fleet_usd']:.4g} | {verdict} |"
+            )
+
+
+def report(rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
     keys = ("sent", "infeasible", "in_slo", "late", "refused", "failed", "charged_usd", "fleet_usd")
     print(f"\n{'mode':<15} {'':<5} " + " ".join(f"{k:>12}" for k in keys) + f" {'violations':>11}")
     for mode, real, sim in rows:
