@@ -647,7 +647,8 @@ def simulate(
         raise typer.Exit(2)
     if trace in ("poisson", "diurnal", "bursty"):
         # The targets come from the CPU variants: what a tenant asks does not depend on the fleet.
-        mix = mixed_tenants(zoo.cpu_only() if zoo.cpu_only().variants else zoo)
+        cpu_only = zoo.cpu_only()
+        mix = mixed_tenants(cpu_only if cpu_only.variants else zoo)
         if trace == "poisson":
             the_trace = traces.poisson([(seconds, rate)], mix, rng)
         elif trace == "diurnal":

@@ -60,6 +60,7 @@ _PRECISIONS: tuple[tuple[Precision, float, float], ...] = (
     ("fp16", 0.85, 0.002),
     ("int8", 0.55, 0.012),
 )
+_GPU_PRECISIONS: tuple[tuple[Precision, float, float], ...] = (("fp32", 1.0, 0.0), ("fp16", 0.6, 0.002))
 _THREADS = (1, 2, 4)
 
 
@@ -164,12 +165,7 @@ def synthetic_zoo(
                     threads=threads,
                     max_batch=max_batch,
                 )
-                variant = Variant(
-                    spec=spec,
-                    artifact="synthetic",
-                    sha256="0" * 64,
-                    parity=Parity(top1_agreement=1.0 - acc_loss, max_abs_diff=0.0, samples=1),
-                )
+                variant = _variant(spec, acc_loss)
                 base_ms = compute_ms * rt_factor * p_factor / threads**0.7
                 variants[variant.name] = (
                     variant,
@@ -181,25 +177,29 @@ def synthetic_zoo(
     return Zoo(variants=variants, tasks=arch_task)
 
 
+def _variant(spec: VariantSpec, acc_loss: float) -> Variant:
+    return Variant(
+        spec=spec,
+        artifact="synthetic",
+        sha256="0" * 64,
+        parity=Parity(top1_agreement=1.0 - acc_loss, max_abs_diff=0.0, samples=1),
+    )
+
+
 def _gpu_variants(
     arch: str, compute_ms: float, accuracy: float, load_time_s: float
 ) -> list[tuple[Variant, Profile]]:
     """An architecture's CUDA fp32 and fp16 variants (module docstring: the GPU class's shape)."""
     out: list[tuple[Variant, Profile]] = []
-    for precision, p_factor, acc_loss in (("fp32", 1.0, 0.0), ("fp16", 0.6, 0.002)):
+    for precision, p_factor, acc_loss in _GPU_PRECISIONS:
         spec = VariantSpec(
             architecture=arch,
             runtime="onnxruntime",
             hardware="gpu",
-            precision=precision,  # type: ignore[arg-type]
+            precision=precision,
             max_batch=GPU_MAX_BATCH,
         )
-        variant = Variant(
-            spec=spec,
-            artifact="synthetic",
-            sha256="0" * 64,
-            parity=Parity(top1_agreement=1.0 - acc_loss, max_abs_diff=0.0, samples=1),
-        )
+        variant = _variant(spec, acc_loss)
         compute = compute_ms * p_factor
         profile = _profile(
             variant,
