@@ -191,7 +191,7 @@ class Autoscaler:
                     capacity_rows_per_s=capacity_rows_per_s(profile, d.mean_batch_rows)
                     / max(1.0, self._slowdown(name)),
                     accuracy=profile.accuracy,
-                    price_usd_per_s=profile.price_usd_per_s,
+                    price_usd_per_s=profile.price_usd_per_s * variant.spec.price_share(self.config.gpu_share),
                     cpus=cpus,
                     gpus=gpus,
                     remote=remote,
@@ -255,8 +255,10 @@ class Autoscaler:
             await self._apply(action, variant, profile)
         interval_pusd = self.cost.tick(
             {
-                name: self._placement.replicas(name) * profile.price_usd_per_s
-                for name, (_, profile) in catalog.items()
+                name: self._placement.replicas(name)
+                * profile.price_usd_per_s
+                * variant.spec.price_share(self.config.gpu_share)
+                for name, (variant, profile) in catalog.items()
                 if profile is not None
             },
             now_s,

@@ -202,7 +202,8 @@ class Settings(BaseSettings):
         default=1.0,
         gt=0,
         le=1,
-        description="Share of a GPU each GPU worker actor requests, so Ray places it on a GPU node.",
+        description="Share of a GPU each GPU worker actor requests, so Ray places it on a GPU node; "
+        "the fleet's cost counts that share of a GPU's price per replica.",
     )
     require_redis: bool = Field(default=False, description="Tests: fail instead of skip without Redis.")
 

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from infaas.policy.autoscaling import AutoscalingConfig
 from infaas.sim.engine import MODES, ModeResult, SimConfig, simulate
 from infaas.sim.traces import bursty
 from infaas.sim.zoo import mixed_tenants, synthetic_zoo
@@ -39,6 +40,12 @@ def main() -> None:
     )
     parser.add_argument("--gpu-workers", type=int, default=0, help="of --workers, with GPUs (mixed fleet)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs per GPU worker")
+    parser.add_argument(
+        "--gpu-share",
+        type=float,
+        default=1.0,
+        help="of a GPU, what each GPU replica holds and pays for (INFAAS_GPU_PER_WORKER)",
+    )
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--variants", type=int, default=1000, help="in all, split over the tasks")
     parser.add_argument("--mode", choices=[*MODES, "all"], default="modelless")
@@ -67,6 +74,7 @@ def main() -> None:
         gpu_workers=args.gpu_workers,
         gpus=args.gpus,
         seed=args.seed,
+        autoscaling=AutoscalingConfig(gpu_share=args.gpu_share),
     )
     results: dict[str, ModeResult] = {}
     for mode in MODES if args.mode == "all" else (args.mode,):

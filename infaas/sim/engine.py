@@ -311,6 +311,7 @@ class _VQ:
         self.name = variant.name
         self.task = task
         self.cpus, self.gpus = variant.spec.holds(gpu_share)  # what one replica holds
+        self.price_usd_per_s = profile.price_usd_per_s * variant.spec.price_share(gpu_share)
         # In the front end (`local_rows`: its batch cap there): one copy, on the front end's own
         # core, and no hop.
         self.local = local_rows is not None
@@ -451,7 +452,7 @@ class Simulation:
             free_gpu[where] -= vq.gpus
         vq.replicas.append(_Replica(where, ready_at_s))
         self._charge()
-        self._fleet_rate += vq.profile.price_usd_per_s
+        self._fleet_rate += vq.price_usd_per_s
         if ready_at_s <= self.now_s:
             self._ready(vq)
         else:
@@ -469,7 +470,7 @@ class Simulation:
                 self._free[r.worker] += vq.cpus
                 self._free_gpu[r.worker] += vq.gpus
             self._charge()
-            self._fleet_rate -= vq.profile.price_usd_per_s
+            self._fleet_rate -= vq.price_usd_per_s
         vq.ready = sum(1 for r in vq.replicas if r.ready_at_s <= self.now_s)
         if (vq.ready > 0) != was_loaded:
             self._loaded_changed(vq.task)
@@ -898,7 +899,7 @@ class Simulation:
                     replicas=replicas,
                     capacity_rows_per_s=capacity_rows_per_s(vq.profile, d.mean_batch_rows),
                     accuracy=vq.profile.accuracy,
-                    price_usd_per_s=vq.profile.price_usd_per_s,
+                    price_usd_per_s=vq.price_usd_per_s,
                     cpus=vq.cpus,
                     gpus=vq.gpus,
                     remote=not vq.local,

@@ -94,6 +94,23 @@ def test_pressure_adds_a_replica_even_when_the_rate_looks_fine() -> None:
     assert rounds[2][0].kind == "remove" and rounds[2][0].replicas == 1
 
 
+def test_pressure_adds_replicas_only_up_to_its_headroom_over_the_rates_need() -> None:
+    # 6 rows/s on replicas of 86 rows/s, late at the tail every round: more copies do not help
+    # a miss that is not for want of them (the simulator ratcheted such a variant to 150).
+    late = vs("a", capacity_rows_per_s=86.0, arrival_rows_per_s=6.0, pressure_rows_per_s=0.4)
+    rounds, _ = run([late], 64, [0.0, 2.0])
+    assert [(a.kind, a.replicas) for a in rounds[1]] == [("replicate", 2)]  # 2 × need (1)
+    at_headroom = replace(late, replicas=2)
+    rounds, _ = run([at_headroom], 64, [0.0, 2.0, 4.0])
+    assert rounds == [[], [], []]
+    # Where the rate needs 3 (120 rows/s at 50 % of 86), pressure may take it to 6, one at a time.
+    busy = replace(late, arrival_rows_per_s=120.0, pressure_rows_per_s=5.0, replicas=5)
+    rounds, _ = run([busy], 64, [0.0, 2.0])
+    assert [(a.kind, a.replicas) for a in rounds[1]] == [("replicate", 6)]
+    rounds, _ = run([replace(busy, replicas=6)], 64, [0.0, 2.0])
+    assert rounds == [[], []]
+
+
 def test_upgrades_when_the_cluster_cannot_give_enough_replicas() -> None:
     cheap = vs("a", capacity_rows_per_s=100.0, arrival_rows_per_s=600.0, price_usd_per_s=1e-6)
     fast = vs("b", replicas=0, capacity_rows_per_s=2000.0, cpus=2.0, price_usd_per_s=4e-6)

@@ -334,6 +334,10 @@ def test_a_gpu_replica_holds_its_share_of_a_gpu_on_a_gpu_machine_and_no_core() -
     assert sim.snapshot().free_gpus == 0.0
     state = next(v for v in sim.snapshot().variants if v.name == gpu.name)
     assert (state.cpus, state.gpus, state.replicas) == (0.0, 0.5, 2)
+    # Each pays for the half it holds: the fleet's rate and the policy's price per replica.
+    assert state.price_usd_per_s == pytest.approx(0.5 * gpu_profile.price_usd_per_s)
+    (small,) = (v for name, v in sim._vqs.items() if name != gpu.name)
+    assert sim._fleet_rate == pytest.approx(small.price_usd_per_s + gpu_profile.price_usd_per_s)
     sim._drop(vq, 1)
     assert sim._free_gpu[2] == 0.5
 
