@@ -280,7 +280,7 @@ class Autoscaler:
                 self._placement.place(variant, profile)
                 await self._placement.ensure_loaded(variant)
             elif action.kind == "remove":
-                holders = [w.worker_id for w in self._placement.fleet() if variant.name in w.loaded]
+                holders = [w.worker_id for w in self._placement.remote.fleet() if variant.name in w.loaded]
                 for worker_id in holders[action.replicas :]:
                     await self._placement.unload(variant.name, worker_id, reason=f"autoscaler {action.kind}")
             else:  # downgrade, unload

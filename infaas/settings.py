@@ -181,6 +181,18 @@ class Settings(BaseSettings):
         description="Variants whose profiled single-row p99 is below this run in the front end itself, "
         "not on a Ray worker (the hop costs more than they do); 0: every variant runs on Ray workers.",
     )
+    lone_max_ms: float = Field(
+        default=5.0,
+        ge=0,
+        description="A Ray-served ONNX Runtime or scikit-learn variant whose profiled single-row p99 is "
+        "below this keeps a copy in the front end that answers a query arriving while no other is in "
+        "flight (no Ray hop: ~0.7 ms at c=1); 0: never.",
+    )
+    lone_memory_mb: float = Field(
+        default=512.0,
+        gt=0,
+        description="Memory budget of the front end's lone copies (least recently used evicted).",
+    )
     fleet_namespace: str = Field(
         default="infaas",
         min_length=1,

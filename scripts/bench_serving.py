@@ -15,6 +15,8 @@ infaas-service-fsync-journal  the same with INFAAS_USAGE_JOURNAL=fsync: each cha
              before its answer
 infaas-service-nojournal  the same with the usage journal off (INFAAS_USAGE_JOURNAL=off): what
              journaling every charge before answering costs
+infaas-service-nolone  the same with no lone copies (INFAAS_LONE_MAX_MS=0): a query arriving
+             alone for a Ray-served variant goes through the Ray hop like any other
 infaas-service-2fe  `infaas serve --workers 2`: two front-end processes on one port (SO_REUSEPORT)
              sharing one fleet, against `infaas-service` (`--workers 1`)
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
@@ -634,9 +636,11 @@ def serve_on(data_dir: Path, kind: str, log: Path, settings: dict[str, str]) -> 
     return server
 
 
-def start_service(workdir: Path, variant: Any, journal: str = "os", front_ends: int = 1) -> Server:
+def start_service(
+    workdir: Path, variant: Any, journal: str = "os", front_ends: int = 1, lone: bool = True
+) -> Server:
     """`infaas serve --workers <front_ends>` on the prepared data dir, and a tenant pinned to the
-    benchmark variant."""
+    benchmark variant; `lone`: Ray-served variants keep a lone copy in the front end (the default)."""
     import urllib.request
 
     port = free_port()
@@ -646,6 +650,7 @@ def start_service(workdir: Path, variant: Any, journal: str = "os", front_ends: 
         "INFAAS_ADMIN_KEY": ADMIN_KEY,
         "INFAAS_PORT": str(port),
         "INFAAS_USAGE_JOURNAL": journal,
+        **({} if lone else {"INFAAS_LONE_MAX_MS": "0"}),
     }
     cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve", "--workers", str(front_ends)]
     proc = subprocess.Popen(
@@ -819,6 +824,7 @@ def main() -> None:
                             variant,
                             journal=journal.get(kind, "os"),
                             front_ends=2 if kind == "infaas-service-2fe" else 1,
+                            lone=kind != "infaas-service-nolone",
                         )
                     elif kind == "mlserver":
                         server = start_mlserver(workdir, args.mlserver_venv)

@@ -63,7 +63,7 @@ from infaas.types import MachineInfo
 from infaas.versions import Versions
 from infaas.workers.base import WorkerPool
 from infaas.workers.inprocess import InProcessPool, artifact_loader
-from infaas.workers.placement import Placement
+from infaas.workers.placement import LONE_FAMILY, Placement
 from profiler.machine import local_machine
 from profiler.process import ProcessProfiler
 
@@ -151,7 +151,24 @@ def create_app(
                 if settings.fast_path_max_ms > 0
                 else None
             )
-            placement = Placement(ray_pool, fast_path, inline_max_ms=settings.fast_path_max_ms)
+            lone = (
+                InProcessPool(
+                    loader=artifact_loader(app.state.registry.artifacts),
+                    memory_budget_mb=settings.lone_memory_mb,
+                    worker_id="inprocess-lone",
+                    family=LONE_FAMILY,
+                )
+                if settings.lone_max_ms > 0
+                else None
+            )
+            placement = Placement(
+                ray_pool,
+                fast_path,
+                inline_max_ms=settings.fast_path_max_ms,
+                lone=lone,
+                lone_max_ms=settings.lone_max_ms,
+                lone_max_memory_mb=settings.lone_memory_mb,
+            )
             if settings.shared_fleet:
                 sync = ray_pool.sync
                 here = machine or local_machine()

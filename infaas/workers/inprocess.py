@@ -75,12 +75,16 @@ class InProcessPool:
         *,
         memory_budget_mb: float = 2048.0,
         loader: Callable[[Variant], LoadedModel] | None = None,
+        worker_id: str = WORKER_ID,
+        family: str = "inprocess",
     ) -> None:
         if loader is None:
             if artifacts_dir is None:
                 raise ValueError("InProcessPool needs artifacts_dir or a loader")
             loader = _artifact_loader(artifacts_dir)
         self._loader = loader
+        # As the fleet view names it: a front end holds two such pools (`workers.placement`).
+        self.worker_id, self.family = worker_id, family
         self._budget_mb = memory_budget_mb
         self._models: Residency[LoadedModel] = Residency(memory_budget_mb)
         self._events = EventLog()
@@ -115,13 +119,13 @@ class InProcessPool:
     async def replicate(self, variant: Variant, reason: str = "") -> str:
         """One process holds one replica at most: loads it if absent, returns the worker id."""
         await self._load(variant, reason=reason or "replicate: in-process pool has one worker")
-        return WORKER_ID
+        return self.worker_id
 
     async def unload(self, variant: str, worker_id: str | None = None, reason: str = "") -> None:
         model = self._models.pop(variant)
         if model is not None:
             model.close()
-            self._events.add("unload", variant, WORKER_ID, reason or "unload requested")
+            self._events.add("unload", variant, self.worker_id, reason or "unload requested")
 
     def replicas(self, variant: str) -> int:
         return 1 if variant in self._models else 0
@@ -141,14 +145,14 @@ class InProcessPool:
                 raise Unavailable(f"could not load {variant.name}: {exc}", variant=variant.name) from exc
             model, load_s, memory_mb, evicted = loaded.model, loaded.load_s, loaded.memory_mb, loaded.evicted
             self._events.add(
-                "load", variant.name, WORKER_ID, f"{reason}; {load_s * 1000:.0f} ms, {memory_mb:.1f} MB"
+                "load", variant.name, self.worker_id, f"{reason}; {load_s * 1000:.0f} ms, {memory_mb:.1f} MB"
             )
             for name, old in evicted:
                 old.close()
                 self._events.add(
                     "evict",
                     name,
-                    WORKER_ID,
+                    self.worker_id,
                     f"least recently used; over the {self._budget_mb:.0f} MB budget "
                     f"after loading {variant.name}",
                 )
@@ -160,8 +164,8 @@ class InProcessPool:
     def fleet(self) -> list[WorkerInfo]:
         return [
             WorkerInfo(
-                worker_id=WORKER_ID,
-                family="inprocess",
+                worker_id=self.worker_id,
+                family=self.family,
                 alive=not self._closed,
                 loaded=tuple(self._models.names),
                 memory_used_mb=self._models.used_mb,

@@ -19,10 +19,22 @@ the remote pool once, with a fleet event saying why: never a silent fallback per
 
 A local variant has exactly one replica (the front end); the autoscaler adds capacity to it by
 upgrading its traffic to a remote variant, not by replicating it.
+
+*Lone copies*: a remote variant that could run in the front end (a CPU ONNX Runtime or
+scikit-learn variant) whose single-row p99 is below `lone_max_ms` also gets a copy in the front
+end's `lone` pool, loaded in the background the first time a query for it arrives alone (no other
+query in flight in the front end). Such a query then runs on that copy at once (`run_now`): nothing
+could have joined its batch, the worker is idle, and the Ray hop (~0.7 ms of a compute-bound MLP's
+answer at c=1, docs/benchmarks.md) is the whole difference from a hand-written server. The loop
+is held for at most `lone_max_ms`, and only while no other query is in flight; any concurrency
+sends batches to the Ray replicas as before. The lone pool has a memory budget of its own, so a
+lone copy never evicts a local variant; a lone copy that cannot load is dropped with a fleet
+event, and its variant goes on through Ray.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from dataclasses import dataclass
 from typing import Literal
@@ -34,11 +46,13 @@ from infaas.types import FleetEvent, Profile, Variant, WorkerInfo
 from infaas.workers.base import WorkerPool
 from infaas.workers.residency import EventLog
 
-__all__ = ["MIN_LOCAL_BATCH", "Path", "Placement", "Where", "decide_where"]
+__all__ = ["LONE_FAMILY", "MIN_LOCAL_BATCH", "Path", "Placement", "Where", "decide_where", "lone_eligible"]
 
 Path = Literal["local", "remote"]
 _INLINE_RUNTIMES = frozenset({"onnxruntime", "sklearn"})
 MIN_LOCAL_BATCH = 8
+LONE_FAMILY = "lone"
+"""The fleet view's family of the front end's lone pool: its copies are not replicas."""
 
 
 @dataclass(frozen=True)
@@ -54,19 +68,30 @@ def decide_where(
     variant: Variant, profile: Profile, inline_max_ms: float = 0.25, inline_max_memory_mb: float = 64.0
 ) -> Where:
     """The placement rule (module docstring), pure: the simulator applies it too."""
-    if (
-        variant.spec.runtime not in _INLINE_RUNTIMES
-        or variant.spec.hardware != "cpu"
-        or profile.status != "ok"
-        or not 0.0 < profile.memory_mb <= inline_max_memory_mb
-        or profile.latency_ms(1, "p99") > inline_max_ms
-    ):
+    if not _inline_capable(variant, profile, inline_max_ms, inline_max_memory_mb):
         return _REMOTE
     fits = [p.batch for p in profile.points if p.p99_ms <= inline_max_ms]
     max_rows = min(variant.spec.max_batch, max(fits, default=1))
     if max_rows < min(MIN_LOCAL_BATCH, variant.spec.max_batch):
         return _REMOTE
     return Where("local", max_rows=max_rows)
+
+
+def lone_eligible(variant: Variant, profile: Profile, lone_max_ms: float, lone_max_memory_mb: float) -> bool:
+    """May a remote variant keep a lone copy in the front end (module docstring), pure."""
+    return lone_max_ms > 0 and _inline_capable(variant, profile, lone_max_ms, lone_max_memory_mb)
+
+
+def _inline_capable(variant: Variant, profile: Profile, max_ms: float, max_memory_mb: float) -> bool:
+    """A measured CPU variant of a runtime the front end loads, within the memory and the single
+    row's p99 it may hold the loop for."""
+    return (
+        variant.spec.runtime in _INLINE_RUNTIMES
+        and variant.spec.hardware == "cpu"
+        and profile.status == "ok"
+        and 0.0 < profile.memory_mb <= max_memory_mb
+        and profile.latency_ms(1, "p99") <= max_ms
+    )
 
 
 class Placement:
@@ -81,13 +106,21 @@ class Placement:
         *,
         inline_max_ms: float = 0.25,
         inline_max_memory_mb: float = 64.0,
+        lone: WorkerPool | None = None,
+        lone_max_ms: float = 0.0,
+        lone_max_memory_mb: float = 512.0,
     ) -> None:
         self.remote = remote
         self.local = local
+        self.lone = lone
         self._inline_max_ms = inline_max_ms
         self._inline_max_memory_mb = inline_max_memory_mb
+        self._lone_max_ms = lone_max_ms if lone is not None else 0.0
+        self._lone_max_memory_mb = lone_max_memory_mb
         self._where: dict[str, tuple[float, Where]] = {}  # variant → (profile measured_at_s, where)
         self._demoted: set[str] = set()
+        self._lone_ok: set[str] = set()  # remote variants that may keep a lone copy
+        self._lone_loads: dict[str, asyncio.Task[None]] = {}
         self._events = EventLog()
 
     @classmethod
@@ -105,6 +138,13 @@ class Placement:
             return known[1]
         where = self._decide(variant, profile)
         self._where[variant.name] = (measured_s, where)
+        self._lone_ok.discard(variant.name)
+        if (
+            where.path == "remote"
+            and profile is not None
+            and lone_eligible(variant, profile, self._lone_max_ms, self._lone_max_memory_mb)
+        ):
+            self._lone_ok.add(variant.name)
         return where
 
     def _decide(self, variant: Variant, profile: Profile | None) -> Where:
@@ -129,13 +169,40 @@ class Placement:
     # ---- the WorkerPool protocol, following the decision -----------------------------------
 
     def run_now(self, variant: Variant, batch: np.ndarray) -> np.ndarray | None:
-        """Run `batch` on this thread at once when `variant` runs in the front end and is loaded
-        (None otherwise: `run` it)."""
-        run_now = getattr(self.local, "run_now", None)  # the in-process pool's; a test pool may lack it
-        if run_now is None or self.path(variant.name) != "local":
+        """Run `batch` on this thread at once when `variant` runs in the front end, or has a lone
+        copy there, and is loaded (None otherwise: `run` it). The caller has no other query in
+        flight (the batcher's `alone`); a lone-eligible variant's first such query starts its
+        copy's load in the background."""
+        if self.path(variant.name) == "local":
+            pool = self.local
+        elif variant.name in self._lone_ok and self.remote.is_loaded(variant.name):
+            pool = self.lone
+        else:
+            return None
+        run_now = getattr(pool, "run_now", None)  # the in-process pool's; a test pool may lack it
+        if run_now is None:
             return None
         outputs: np.ndarray | None = run_now(variant, batch)
+        if outputs is None and pool is self.lone:
+            self._load_lone(variant)
         return outputs
+
+    def _load_lone(self, variant: Variant) -> None:
+        name = variant.name
+        if self.lone is None or name in self._lone_loads:
+            return
+        lone = self.lone
+
+        async def load() -> None:
+            try:
+                await lone.ensure_loaded(variant)
+            except Unavailable as exc:
+                self._lone_ok.discard(name)
+                self._events.add("place", name, None, f"no lone copy in the front end: {exc.message}")
+            finally:
+                self._lone_loads.pop(name, None)
+
+        self._lone_loads[name] = asyncio.get_running_loop().create_task(load())
 
     async def run(self, variant: Variant, batch: np.ndarray) -> np.ndarray:
         pool = self._pool(variant.name)
@@ -174,6 +241,8 @@ class Placement:
 
     async def unload(self, variant: str, worker_id: str | None = None, reason: str = "") -> None:
         await self._pool(variant).unload(variant, worker_id, reason)
+        if self.lone is not None and self.lone.is_loaded(variant) and not self.remote.is_loaded(variant):
+            await self.lone.unload(variant, None, "its last Ray replica was unloaded")
 
     def is_loaded(self, variant: str) -> bool:
         return self._pool(variant).is_loaded(variant)
@@ -181,18 +250,21 @@ class Placement:
     def replicas(self, variant: str) -> int:
         return self._pool(variant).replicas(variant)
 
+    def _front_end_pools(self) -> list[WorkerPool]:
+        return [p for p in (self.local, self.lone) if p is not None]
+
     def fleet(self) -> list[WorkerInfo]:
-        local = self.local.fleet() if self.local is not None else []
-        return self.remote.fleet() + local
+        return self.remote.fleet() + [w for p in self._front_end_pools() for w in p.fleet()]
 
     def events(self, limit: int = 50) -> list[FleetEvent]:
         streams = [self.remote.events(limit), self._events.recent(limit)]
-        if self.local is not None:
-            streams.append(self.local.events(limit))
+        streams += [p.events(limit) for p in self._front_end_pools()]
         merged = list(heapq.merge(*streams, key=lambda e: e.at_s))
         return merged[-limit:] if limit > 0 else []
 
     async def close(self) -> None:
-        """Close the local pool; the remote one belongs to whoever passed it in."""
-        if self.local is not None:
-            await self.local.close()
+        """Close the front end's pools; the remote one belongs to whoever passed it in."""
+        for task in list(self._lone_loads.values()):
+            task.cancel()
+        for pool in self._front_end_pools():
+            await pool.close()

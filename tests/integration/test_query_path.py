@@ -22,6 +22,7 @@ from infaas.errors import DeadlineExceeded, Forbidden, NoFeasibleVariant, Overlo
 from infaas.settings import Settings
 from infaas.store import open_store
 from infaas.types import Profile, Variant
+from infaas.workers.placement import LONE_FAMILY, decide_where, lone_eligible
 from tests.integration.conftest import Served, serve_process
 from variants import zoo
 
@@ -280,3 +281,42 @@ def test_tenants_are_isolated(server: Served, digits_rows: np.ndarray) -> None:
     # the forbidden error class comes back through the client too
     with Client(server.url, b) as client, pytest.raises(Forbidden):
         client._request("GET", "/v1/admin/usage")
+
+
+def test_a_ray_served_variant_queried_alone_answers_from_its_lone_copy(
+    server: Served, zoo_profiles: dict[str, tuple[Variant, Profile]], digits_rows: np.ndarray, warm: str
+) -> None:
+    """`warm` queried every digits variant one at a time: each Ray-served ONNX Runtime or
+    scikit-learn variant under INFAAS_LONE_MAX_MS then got a copy in the front end, which answers
+    the next query that arrives alone, as the Ray replica does, and counts as no replica."""
+    s = server.settings
+    lone = {
+        name
+        for name, (v, p) in zoo_profiles.items()
+        if decide_where(v, p, s.fast_path_max_ms).path == "remote"
+        and lone_eligible(v, p, s.lone_max_ms, s.lone_memory_mb)
+    }
+    assert lone, "the small zoo has Ray-served variants under the lone bound"
+    deadline = time.monotonic() + 60
+    with Client(server.url, warm) as client:
+        while True:
+            held = [w for w in server.fleet()["workers"] if w["family"] == LONE_FAMILY]
+            if (held and lone <= set(held[0]["loaded"])) or time.monotonic() > deadline:
+                break
+            for name in lone:  # one at a time: each arrives alone
+                client.query(zoo.DIGITS, digits_rows[:1], latency_ms=60_000, variant=name)
+            time.sleep(0.2)
+        assert held and lone <= set(held[0]["loaded"]), held
+        labels = zoo.load_split(zoo.DIGITS).y_test[:8]
+        for name in lone:
+            result = client.query(zoo.DIGITS, digits_rows, latency_ms=60_000, variant=name)
+            assert result.variant == name and result.outputs.shape == (8, 10)
+            accuracy = zoo_profiles[name][1].accuracy
+            assert np.mean(result.outputs.argmax(axis=1) == labels) >= accuracy - 0.4  # 8 rows: loose
+    fleet = server.fleet()
+    ray_held = {
+        name: sum(1 for w in fleet["workers"] if w["family"] != LONE_FAMILY and name in w["loaded"])
+        for name in lone
+    }
+    assert {name: fleet["replicas"].get(name, 0) for name in lone} == ray_held
+    assert all(ray_held.values())

@@ -26,6 +26,7 @@ from infaas.router import Router
 from infaas.snapshot import Snapshot
 from infaas.types import FleetEvent, VersionState, WorkerInfo
 from infaas.workers.base import Batcher, FleetSource
+from infaas.workers.placement import LONE_FAMILY
 
 __all__ = [
     "Fleet",
@@ -129,6 +130,8 @@ def fleet_view(
     """Assemble the view; events come oldest first from the pool and are shown newest first."""
     replicas: dict[str, int] = {}
     for worker in workers:
+        if worker.family == LONE_FAMILY:
+            continue  # a copy for queries arriving alone, not a replica (`workers.placement`)
         for name in worker.loaded:
             replicas[name] = replicas.get(name, 0) + 1
     cost = cost or FleetCost()

@@ -8,10 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from infaas.api.routes.fleet import fleet_view
 from infaas.errors import Unavailable
 from infaas.types import Variant
 from infaas.workers.inprocess import EchoModel, InProcessPool, RecordingPool
-from infaas.workers.placement import Placement
+from infaas.workers.placement import LONE_FAMILY, Placement
 from tests.unit.test_batching import make_variant, point, tiny_profile
 
 
@@ -74,6 +75,61 @@ def test_a_variant_the_front_end_cannot_load_moves_to_the_workers_with_an_event(
         assert placement.place(tiny, profile.model_copy(update={"measured_at_s": 5.0})).path == "remote"
         (event,) = [e for e in placement.events() if e.kind == "place"]
         assert event.variant == tiny.name and "artifact not readable here" in event.reason
+        await placement.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lone_copy_loads_on_the_first_lone_query_and_answers_the_next_without_the_workers() -> None:
+    async def scenario() -> None:
+        remote, lone = (
+            RecordingPool(),
+            InProcessPool(loader=lambda v: EchoModel(v.name), worker_id="lone", family=LONE_FAMILY),
+        )
+        placement = Placement(remote, None, lone=lone, lone_max_ms=5.0)
+        heavy, slower, fat = make_variant("heavy"), make_variant("slower"), make_variant("fat")
+        assert placement.place(heavy, tiny_profile(heavy, 1.5)).path == "remote"
+        placement.place(slower, tiny_profile(slower, 8.0))  # its single row holds the loop too long
+        placement.place(fat, tiny_profile(fat, 1.5, memory_mb=900.0))  # over the lone budget
+        rows = np.ones((1, 4), dtype=np.float32)
+        assert placement.run_now(heavy, rows) is None  # not loaded on the workers: nothing to copy
+        await placement.ensure_loaded(heavy)
+        assert placement.run_now(heavy, rows) is None  # its copy starts loading, in the background
+        await asyncio.sleep(0.05)
+        out = placement.run_now(heavy, rows)
+        assert out is not None and out.shape[0] == 1 and remote.batches == []
+        assert [w.worker_id for w in placement.fleet() if heavy.name in w.loaded] == ["inprocess-0", "lone"]
+        # The copy is not a replica: neither the autoscaler nor the fleet view counts it as one.
+        assert placement.replicas(heavy.name) == 1
+        assert fleet_view(placement.fleet(), {}, []).replicas == {heavy.name: 1}
+        for other in (slower, fat):
+            await placement.ensure_loaded(other)
+            assert placement.run_now(other, rows) is None
+        await asyncio.sleep(0.05)
+        assert not lone.is_loaded(slower.name) and not lone.is_loaded(fat.name)
+        # Its last Ray replica unloaded: the copy goes with it.
+        await placement.unload(heavy.name)
+        assert not lone.is_loaded(heavy.name) and placement.run_now(heavy, rows) is None
+        await placement.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lone_copy_that_cannot_load_is_dropped_with_an_event_and_ray_serves_on() -> None:
+    async def scenario() -> None:
+        def loader(variant: Variant) -> EchoModel:
+            raise OSError("artifact not on this node")
+
+        placement = Placement(RecordingPool(), None, lone=InProcessPool(loader=loader), lone_max_ms=5.0)
+        heavy = make_variant("heavy")
+        placement.place(heavy, tiny_profile(heavy, 1.5))
+        await placement.ensure_loaded(heavy)
+        rows = np.ones((1, 4), dtype=np.float32)
+        assert placement.run_now(heavy, rows) is None
+        await asyncio.sleep(0.05)
+        (event,) = [e for e in placement.events() if e.kind == "place"]
+        assert "no lone copy" in event.reason and "artifact not on this node" in event.reason
+        assert placement.run_now(heavy, rows) is None and (await placement.run(heavy, rows)).shape[0] == 1
         await placement.close()
 
     asyncio.run(scenario())
