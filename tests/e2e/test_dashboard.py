@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, Response, sync_playwright
 
 from infaas.settings import Settings
 from tests.integration.conftest import LiveServer
@@ -61,14 +61,15 @@ def assert_table_matches(rows: dict[str, dict[str, str]], report: dict[str, Any]
         assert float(shown["cost_text"][1:]) == pytest.approx(totals["cost_usd"], rel=1e-3)
 
 
-def assert_page_shows_usage(page: Page, server: LiveServer, timeout_s: float = 15.0) -> None:
-    """The table against the usage API read at the same moment: the autoscaler attributes reserved
-    cost every round (and to `admin` once idle capacity is held), so a page drawn before a round
-    and a report read after it differ; retried across the page's 5 s refreshes, the last pair
-    asserted (a full suite once failed on `admin` appearing between the two reads)."""
+def assert_page_shows_usage(page: Page, reports: list[Response], timeout_s: float = 15.0) -> None:
+    """The table against the usage API's answer the page itself drew it from (the last of
+    `reports`, the page's `/v1/admin/usage` responses): the autoscaler attributes reserved cost
+    every round, so a report read by the test even a moment after the page's differs (two suite
+    runs failed that way, on `admin` appearing and on a tenant's reserved cost). Retried while a
+    newer response may not be drawn yet; the last pair asserted."""
     deadline = time.monotonic() + timeout_s
     while True:
-        rows, report = table_rows(page), fetch_usage(server)
+        rows, report = table_rows(page), reports[-1].json()
         try:
             assert_table_matches(rows, report)
             return
@@ -95,6 +96,8 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             requested: list[str] = []
             page.on("request", lambda req: requested.append(req.url))
+            reports: list[Response] = []
+            page.on("response", lambda r: reports.append(r) if "/v1/admin/usage?" in r.url else None)
             page.goto(f"{server.url}/dashboard")
 
             # A tenant key is refused with a message, and the page asks again.
@@ -106,7 +109,7 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
             page.fill("#admin-key", server.admin_key)
             page.press("#admin-key", "Enter")
             page.wait_for_selector("#tenants-table tbody tr[data-tenant='beta']")
-            assert_page_shows_usage(page, server)
+            assert_page_shows_usage(page, reports)
             assert page.evaluate("sessionStorage.getItem('infaas.adminKey')") == server.admin_key
             share = page.locator("#tenants-table tr[data-tenant='beta'] td.share")
             assert share.get_attribute("data-weight") == "2.5" and "400/s" in share.inner_text()
@@ -131,7 +134,7 @@ def test_dashboard_shows_what_the_usage_api_says(small_zoo: Settings, tmp_path: 
                 f"#tenants-table tr[data-tenant='beta'] td.queries[data-queries='{expected_beta}']",
                 timeout=15000,
             )
-            assert_page_shows_usage(page, server)
+            assert_page_shows_usage(page, reports)
 
             # The three plots of issue 36, drawn from real data: cost over time (charged, and
             # reserved once the autoscaler has attributed some), SLO attainment, and the busiest
