@@ -129,10 +129,14 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
     return out
 
 
-def run_real(data_dir: Path, work: Path, mode: str, trace: Trace, pins: dict[str, str]) -> dict[str, Any]:
-    copy = work / f"data-{mode}"
+def run_real(
+    data_dir: Path, work: Path, mode: str, trace: Trace, pins: dict[str, str], run: str = ""
+) -> dict[str, Any]:
+    """Replay `trace` against a fresh service on a copy of `data_dir` (`run` names the copy:
+    several loads in one command each start from the zoo as built)."""
+    copy = work / f"data-{mode}{run}"
     shutil.copytree(data_dir, copy)
-    server = serve_on(copy, mode, work / f"{mode}.log", SETTINGS_BY_MODE[mode])
+    server = serve_on(copy, mode, work / f"{mode}{run}.log", SETTINGS_BY_MODE[mode])
     base = server.url.removesuffix("/v1/query")
     try:
         keys = {
@@ -229,7 +233,7 @@ def main() -> None:
             for mode in args.modes:
                 sim, pins = run_sim(zoo, trace, mode, args.frontend_ms)
                 print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
-                real = run_real(data_dir, work, mode, trace, pins)
+                real = run_real(data_dir, work, mode, trace, pins, run=f"-{rate:g}")
                 rows.append((mode, real, sim))
             by_rate.append((rate, rows))
     for rate, rows in by_rate:
