@@ -191,7 +191,9 @@ class Autoscaler:
                     capacity_rows_per_s=capacity_rows_per_s(profile, d.mean_batch_rows)
                     / max(1.0, self._slowdown(name)),
                     accuracy=profile.accuracy,
-                    price_usd_per_s=profile.price_usd_per_s * variant.spec.price_share(self.config.gpu_share),
+                    price_usd_per_s=variant.spec.replica_price(
+                        profile.price_usd_per_s, self.config.gpu_share
+                    ),
                     cpus=cpus,
                     gpus=gpus,
                     remote=remote,
@@ -256,8 +258,7 @@ class Autoscaler:
         interval_pusd = self.cost.tick(
             {
                 name: self._placement.replicas(name)
-                * profile.price_usd_per_s
-                * variant.spec.price_share(self.config.gpu_share)
+                * variant.spec.replica_price(profile.price_usd_per_s, self.config.gpu_share)
                 for name, (variant, profile) in catalog.items()
                 if profile is not None
             },

@@ -214,10 +214,10 @@ class VariantSpec(_Value):
         (`INFAAS_GPU_PER_WORKER`: below 1, several workers, and their variants, share a GPU)."""
         return (0.0, gpu_share) if self.hardware == "gpu" else (float(self.threads), 0.0)
 
-    def price_share(self, gpu_share: float = 1.0) -> float:
-        """The part of its profile's price (one GPU, or its threads' vCPUs) one replica holds:
-        `gpu_share` of the GPU's for a variant whose worker shares its device, else all of it."""
-        return gpu_share if self.hardware == "gpu" else 1.0
+    def replica_price(self, price_usd_per_s: float, gpu_share: float = 1.0) -> float:
+        """What one replica costs, from its profile's price (one GPU's, or its threads' vCPUs'):
+        `gpu_share` of it for a variant whose worker shares its device, else all of it."""
+        return price_usd_per_s * (gpu_share if self.hardware == "gpu" else 1.0)
 
 
 class Parity(_Value):

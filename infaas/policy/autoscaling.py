@@ -60,7 +60,6 @@ class AutoscalingConfig:
     upscale_delay_s: float = 2.0
     downscale_delay_s: float = 30.0
     warm_ttl_s: float = 3600.0
-    pressure_ratio: float = 0.01  # misses + refusals per arriving row that count as pressure
     # Pressure adds replicas up to this multiple of what the rate needs, no further: beyond it the
     # misses are not for want of replicas (tail latency, a target at the edge of the profile), and
     # adding one per round ratcheted a variant at 6 rows/s to 150 replicas in the simulator.
@@ -82,8 +81,8 @@ class AutoscalingConfig:
             raise ValueError("release_ratio must be in (0, 1)")
         if not 0 < self.gpu_share <= 1:
             raise ValueError("gpu_share must be in (0, 1]")
-        if self.pressure_ratio < 0 or self.pressure_headroom < 1:
-            raise ValueError("pressure_ratio must be >= 0 and pressure_headroom >= 1")
+        if self.pressure_headroom < 1:
+            raise ValueError("pressure_headroom must be at least 1")
 
 
 @dataclass(frozen=True)

@@ -311,7 +311,7 @@ class _VQ:
         self.name = variant.name
         self.task = task
         self.cpus, self.gpus = variant.spec.holds(gpu_share)  # what one replica holds
-        self.price_usd_per_s = profile.price_usd_per_s * variant.spec.price_share(gpu_share)
+        self.price_usd_per_s = variant.spec.replica_price(profile.price_usd_per_s, gpu_share)
         # In the front end (`local_rows`: its batch cap there): one copy, on the front end's own
         # core, and no hop.
         self.local = local_rows is not None

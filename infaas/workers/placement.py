@@ -24,8 +24,8 @@ upgrading its traffic to a remote variant, not by replicating it.
 scikit-learn variant) whose single-row p99 is below `lone_max_ms` also gets a copy in the front
 end's `lone` pool, loaded in the background the first time a query for it arrives alone (no other
 query in flight in the front end). Such a query then runs on that copy at once (`run_now`): nothing
-could have joined its batch, the worker is idle, and the Ray hop (~0.7 ms of a compute-bound MLP's
-answer at c=1, docs/benchmarks.md) is the whole difference from a hand-written server. The loop
+could have joined its batch, the worker is idle, and the Ray hop is most of the difference from a
+hand-written server (0.6-1.1 ms of a compute-bound MLP's answer at c=1, docs/benchmarks.md). The loop
 is held for at most `lone_max_ms`, and only while no other query is in flight; any concurrency
 sends batches to the Ray replicas as before. The lone pool has a memory budget of its own, so a
 lone copy never evicts a local variant; a lone copy that cannot load is dropped with a fleet
@@ -115,7 +115,7 @@ class Placement:
         self.lone = lone
         self._inline_max_ms = inline_max_ms
         self._inline_max_memory_mb = inline_max_memory_mb
-        self._lone_max_ms = lone_max_ms if lone is not None else 0.0
+        self._lone_max_ms = lone_max_ms
         self._lone_max_memory_mb = lone_max_memory_mb
         self._where: dict[str, tuple[float, Where]] = {}  # variant → (profile measured_at_s, where)
         self._demoted: set[str] = set()
@@ -141,6 +141,7 @@ class Placement:
         self._lone_ok.discard(variant.name)
         if (
             where.path == "remote"
+            and self.lone is not None
             and profile is not None
             and lone_eligible(variant, profile, self._lone_max_ms, self._lone_max_memory_mb)
         ):
@@ -196,6 +197,8 @@ class Placement:
         async def load() -> None:
             try:
                 await lone.ensure_loaded(variant)
+                if not self.remote.is_loaded(name):  # its last Ray replica went while it loaded
+                    await lone.unload(name, None, "its last Ray replica was unloaded")
             except Unavailable as exc:
                 self._lone_ok.discard(name)
                 self._events.add("place", name, None, f"no lone copy in the front end: {exc.message}")

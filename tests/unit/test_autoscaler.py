@@ -328,7 +328,7 @@ def test_a_replica_holds_and_pays_for_its_threads_as_vcpus_or_its_share_of_a_gpu
     assert gpu.holds() == (0.0, 1.0)
     assert gpu.holds(0.25) == (0.0, 0.25) and cpu.holds(0.25) == (2.0, 0.0)  # four workers a GPU
     # And pays for what it holds: a quarter of the GPU's price (the profile's is one GPU's).
-    assert gpu.price_share(0.25) == 0.25 and cpu.price_share(0.25) == 1.0
+    assert gpu.replica_price(1.0, 0.25) == 0.25 and cpu.replica_price(1.0, 0.25) == 1.0
 
 
 def test_charged_plus_reserved_is_the_fleets_cost_exactly_through_scale_ups_and_downs() -> None:

@@ -4,6 +4,9 @@ demotion when the front end cannot load a variant, one overhead key per path."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -95,7 +98,7 @@ def test_a_lone_copy_loads_on_the_first_lone_query_and_answers_the_next_without_
         assert placement.run_now(heavy, rows) is None  # not loaded on the workers: nothing to copy
         await placement.ensure_loaded(heavy)
         assert placement.run_now(heavy, rows) is None  # its copy starts loading, in the background
-        await asyncio.sleep(0.05)
+        await until(lambda: lone.is_loaded(heavy.name))
         out = placement.run_now(heavy, rows)
         assert out is not None and out.shape[0] == 1 and remote.batches == []
         assert [w.worker_id for w in placement.fleet() if heavy.name in w.loaded] == ["inprocess-0", "lone"]
@@ -126,10 +129,41 @@ def test_a_lone_copy_that_cannot_load_is_dropped_with_an_event_and_ray_serves_on
         await placement.ensure_loaded(heavy)
         rows = np.ones((1, 4), dtype=np.float32)
         assert placement.run_now(heavy, rows) is None
-        await asyncio.sleep(0.05)
+        await until(lambda: any(e.kind == "place" for e in placement.events()))
         (event,) = [e for e in placement.events() if e.kind == "place"]
         assert "no lone copy" in event.reason and "artifact not on this node" in event.reason
         assert placement.run_now(heavy, rows) is None and (await placement.run(heavy, rows)).shape[0] == 1
         await placement.close()
 
     asyncio.run(scenario())
+
+
+def test_a_lone_copy_that_finishes_loading_after_its_last_ray_replica_went_is_dropped() -> None:
+    async def scenario() -> None:
+        go = threading.Event()
+
+        def loader(variant: Variant) -> EchoModel:
+            go.wait(10.0)
+            return EchoModel(variant.name)
+
+        lone = InProcessPool(loader=loader, worker_id="lone", family=LONE_FAMILY)
+        placement = Placement(RecordingPool(), None, lone=lone, lone_max_ms=5.0)
+        heavy = make_variant("heavy")
+        placement.place(heavy, tiny_profile(heavy, 1.5))
+        await placement.ensure_loaded(heavy)
+        assert placement.run_now(heavy, np.ones((1, 4), dtype=np.float32)) is None  # the load starts
+        await placement.unload(heavy.name)  # the last Ray replica goes while the copy loads
+        go.set()
+        await until(lambda: any(e.kind == "unload" and e.worker_id == "lone" for e in placement.events()))
+        assert not lone.is_loaded(heavy.name)
+        await placement.close()
+
+    asyncio.run(scenario())
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait for a background load to show, without a fixed sleep a busy CI machine would outrun."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
