@@ -30,9 +30,17 @@ def floor_tracker() -> OverheadTracker:
     nothing ahead of the query, nothing merged into its batch), within two minutes, once 64 are
     there; held, not decayed, while none come (an overload admits no quiet answers, and the floor
     is what an idle fleet would do). Under a flood a query with nothing ahead of it still waits
-    for the event loop: learned then, the floor rose to 84 ms and every 60 ms target was a 422."""
+    for the event loop: learned then, the floor rose to 84 ms and every 60 ms target was a 422.
+    A stall is not let go here (`clear_run` 0): the floor is the host's tail over minutes, stalls
+    included, which is what it can promise."""
     return OverheadTracker(
-        window=512, max_age_s=120.0, short_age_s=120.0, short_min_samples=64, min_samples=64, decay_s=3600.0
+        window=512,
+        max_age_s=120.0,
+        short_age_s=120.0,
+        short_min_samples=64,
+        min_samples=64,
+        decay_s=3600.0,
+        clear_run=0,
     )
 
 

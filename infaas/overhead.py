@@ -31,7 +31,17 @@ class OverheadTracker:
     estimate back up, refusing everything for the next `max_age_s` (a bang-bang cycle measured at
     ~2 s under 10× overload). Decaying, admission opens gradually and settles where the answers
     admitted meet the estimate. `current` refreshes a stale estimate on read, so it moves even
-    when nothing is answered."""
+    when nothing is answered.
+
+    **A stall that has ended is let go** (`clear_run` > 0): when the window's late answers form one
+    unbroken run (an episode: a shared core taken away, a pause of the loop, and every answer in
+    flight came late together) and the newest `clear_run` answers after it all came within
+    `stall_ms` (or their own level, if higher) of what they predicted, the estimate is the
+    quantile of the answers since the episode. Held instead, the episode refused every query
+    with a tight target for the rest of the window, after the stall was over, whose late answers
+    refusing could no longer prevent: 10 % of a ~400 q/s trace on this 2-core machine
+    (docs/benchmarks.md). Late answers spread over the window (a tail, not an episode) still set
+    the quantile: they are what the next query risks."""
 
     def __init__(
         self,
@@ -46,6 +56,8 @@ class OverheadTracker:
         refresh_every: int = 16,
         decay_s: float = 0.5,
         stale_s: float = 0.05,
+        clear_run: int = 8,
+        stall_ms: float = 2.0,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError("quantile must be in (0, 1]")
@@ -60,6 +72,8 @@ class OverheadTracker:
         self._refresh_every = refresh_every
         self._decay_s = decay_s
         self._stale_s = stale_s
+        self._clear_run = clear_run
+        self._stall_ms = stall_ms
         self._refreshed_s = float("-inf")
         # A ring buffer in two arrays, not a deque of tuples: `refresh` then filters and takes
         # the quantile without a Python loop over the window (~1 ms for 2 048 tuples, paid every
@@ -105,14 +119,34 @@ class OverheadTracker:
         # One stall of a few ms puts a handful of answers in the tail: judged over a whole second,
         # at 500 queries/s that p99 refused every query for the second after it (558 of one
         # burst's queries in bench_adaptive, a replay the service now answers in full).
-        recent = self._residual_ms[:held][at_s >= now_s - self._short_age_s]
+        since_s = now_s - self._short_age_s
+        recent = self._residual_ms[:held][at_s >= since_s]
         if recent.shape[0] < self._short_min_samples:
-            recent = self._residual_ms[:held][at_s >= now_s - self._max_age_s]
+            since_s = now_s - self._max_age_s
+            recent = self._residual_ms[:held][at_s >= since_s]
             if recent.shape[0] < self._min_samples:
                 weight = math.exp(-max(0.0, elapsed_s) / self._decay_s) if self._decay_s > 0 else 0.0
                 self._value_ms = self._prior_ms + (self._value_ms - self._prior_ms) * weight
                 return
+        if self._clear_run > 0 and recent.shape[0] > self._clear_run:
+            after = self._after_episode(since_s)
+            if after is not None:
+                recent = after
         self._value_ms = max(0.0, _quantile(recent, self._quantile))
+
+    def _after_episode(self, since_s: float) -> np.ndarray | None:
+        """The residuals recorded after the window's one episode of late answers, when the newest
+        `clear_run` all came in clear of it; None when there is no such episode (see the class
+        docstring)."""
+        held, window = self._held, self._at_s.shape[0]
+        # Newest first: the ring's slots from the one written last, backwards.
+        order = (self._next - 1 - np.arange(held)) % window if held == window else np.arange(held)[::-1]
+        residual = self._residual_ms[order][self._at_s[order] >= since_s]
+        level = float(residual[: self._clear_run].max())
+        late = np.flatnonzero(residual > level + max(self._stall_ms, level))
+        if late.shape[0] == 0 or late[-1] - late[0] != late.shape[0] - 1:
+            return None  # no late answers, or more than one run of them: a tail, not an episode
+        return residual[: late[0]]
 
     def current(self, now_s: float) -> float:
         """The estimate, refreshed first when older than `stale_s`."""

@@ -145,14 +145,21 @@ def run_real(
         }
         # The fleet's cost over the replay only, as the simulation integrates it over the trace
         # (the service's total also holds its start-up and warm-up, before the first query).
-        before = _fleet_usd(base)
+        before, cpu_s = _fleet_usd(base), _cpu_s(server.proc.pid)
         result = asyncio.run(replay(server, trace, keys, pins))
         result["fleet_usd"] = _fleet_usd(base) - before
+        result["frontend_ms"] = (_cpu_s(server.proc.pid) - cpu_s) * 1000.0 / max(result["sent"], 1)
         events = _request(f"{base}/v1/admin/fleet?events=500", None, ADMIN_KEY)["events"]
         result["actions"] = [e for e in events if e["worker_id"] is None and e["kind"] != "route"]
     finally:
         stop_server(server)
     return result
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process `pid` has used so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _fleet_usd(base: str) -> float:
@@ -166,25 +173,25 @@ def _fleet_usd(base: str) -> float:
         return total
 
 
-def run_sim(zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float) -> tuple[dict[str, Any], dict[str, str]]:
-    config = SimConfig(workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms)
-    sim = Simulation(zoo, trace, mode, config)
-    pins = sim.pins
-    res = sim.run()
+def sim_config(frontend_ms: float) -> SimConfig:
+    """This machine as the simulation sees it: one worker of its cores."""
+    return SimConfig(workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms)
+
+
+def run_sim(zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float) -> dict[str, Any]:
+    res = Simulation(zoo, trace, mode, sim_config(frontend_ms)).run()
     t = res.total
-    return (
-        {
-            "sent": t.queries,
-            "infeasible": t.infeasible,
-            "in_slo": t.in_slo,
-            "late": t.late,
-            "refused": t.refused,
-            "failed": t.dropped + t.failed,
-            "charged_usd": t.charged_usd,
-            "fleet_usd": res.fleet_usd,
-        },
-        pins,
-    )
+    return {
+        "sent": t.queries,
+        "infeasible": t.infeasible,
+        "in_slo": t.in_slo,
+        "late": t.late,
+        "refused": t.refused,
+        "failed": t.dropped + t.failed,
+        "charged_usd": t.charged_usd,
+        "fleet_usd": res.fleet_usd,
+        "frontend_ms": frontend_ms,
+    }
 
 
 def main() -> None:
@@ -204,9 +211,10 @@ def main() -> None:
     parser.add_argument(
         "--frontend-ms",
         type=float,
-        default=0.375,
-        help="the front end's CPU per query in the simulation: 1 / the c=64 req/s of bench_serving's "
-        "infaas-service row on this machine (2 663 req/s, docs/benchmarks.md 'Scale-out')",
+        default=None,
+        help="the front end's CPU per query in the simulation; default: as measured, the real service "
+        "process's CPU seconds over its replay divided by the queries sent (issue 35: 'the front "
+        "end's overhead as measured'; a fixed 0.375 ms, 1 / bench_serving's c=64 req/s, before)",
     )
     parser.add_argument(
         "--slack-ms",
@@ -231,10 +239,11 @@ def main() -> None:
             print(f"==> trace at {rate:g}/s: {len(trace)} queries over {trace.duration_s:.0f} s; {classes}")
             rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
             for mode in args.modes:
-                sim, pins = run_sim(zoo, trace, mode, args.frontend_ms)
+                pins = Simulation(zoo, trace, mode, sim_config(0.0)).pins
                 print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
                 real = run_real(data_dir, work, mode, trace, pins, run=f"-{rate:g}")
-                rows.append((mode, real, sim))
+                frontend_ms = real["frontend_ms"] if args.frontend_ms is None else args.frontend_ms
+                rows.append((mode, real, run_sim(zoo, trace, mode, frontend_ms)))
             by_rate.append((rate, rows))
     for rate, rows in by_rate:
         if len(by_rate) > 1:
@@ -271,7 +280,17 @@ def validation(by_rate: list[tuple[float, list[tuple[str, dict[str, Any], dict[s
 
 
 def report(rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
-    keys = ("sent", "infeasible", "in_slo", "late", "refused", "failed", "charged_usd", "fleet_usd")
+    keys = (
+        "sent",
+        "infeasible",
+        "in_slo",
+        "late",
+        "refused",
+        "failed",
+        "charged_usd",
+        "fleet_usd",
+        "frontend_ms",
+    )
     print(f"\n{'mode':<15} {'':<5} " + " ".join(f"{k:>12}" for k in keys) + f" {'violations':>11}")
     for mode, real, sim in rows:
         for side, r in (("real", real), ("sim", sim)):

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 from infaas.settings import Settings
+from infaas.store import open_store
+from infaas.workers.placement import LONE_FAMILY, decide_where, lone_eligible
 from tests.integration.conftest import Served, serve_process, tensorflow_variant
 from tests.integration.test_admin_views import metric_samples
 from variants import zoo
@@ -40,7 +42,12 @@ def server(small_zoo: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def holder(server: Served, variant: str) -> dict[str, Any]:
-    workers = [w for w in server.fleet()["workers"] if variant in w["loaded"] and w["alive"]]
+    """The one live Ray worker holding `variant` (a lone copy in the front end is not one)."""
+    workers = [
+        w
+        for w in server.fleet()["workers"]
+        if variant in w["loaded"] and w["alive"] and w["family"] != LONE_FAMILY
+    ]
     assert len(workers) == 1, workers
     return workers[0]
 
@@ -104,15 +111,7 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
     retries = [e for e in events if e["kind"] == "retry" and e["variant"] == variant]
     assert retries or 503 in statuses, events[:20]
 
-    # The actor restarts (a new process under the same worker id) and the service answers again.
-    deadline = time.monotonic() + 60
-    while True:
-        workers = {w["worker_id"]: w for w in server.fleet()["workers"]}
-        restarted = workers.get(victim["worker_id"])
-        if restarted is not None and restarted["alive"] and restarted["pid"] not in (None, victim["pid"]):
-            break
-        assert time.monotonic() < deadline, (victim, workers, server.fleet()["events"][:12])
-        time.sleep(0.5)
+    wait_for_restart(server, victim)
     with server.client(key) as http:
         again = query(http, len(rows))
     assert again.status_code == 200, again.text
@@ -123,3 +122,118 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
         gauges = {n: v for n, labels, v in metric_samples(admin.get("/metrics").text) if not labels}
     assert gauges["infaas_queries_in_flight"] == 0, gauges
     assert gauges["infaas_queries_in_flight_limit"] >= server.settings.min_queries_in_flight, gauges
+
+
+def wait_for_restart(server: Served, victim: dict[str, Any]) -> None:
+    """The actor restarts: a new process under the same worker id."""
+    deadline = time.monotonic() + 60
+    while True:
+        workers = {w["worker_id"]: w for w in server.fleet()["workers"]}
+        restarted = workers.get(victim["worker_id"])
+        if restarted is not None and restarted["alive"] and restarted["pid"] not in (None, victim["pid"]):
+            return
+        assert time.monotonic() < deadline, (victim, workers, server.fleet()["events"][:12])
+        time.sleep(0.5)
+
+
+def lone_variant(server: Served) -> str:
+    """A profiled digits variant that runs on Ray and may keep a lone copy in the front end."""
+    s = server.settings
+    store = open_store(s)
+    try:
+        profiles = {p.variant: p for p in store.list_profiles() if p.status == "ok"}
+        names = [
+            v.name
+            for v in store.list_variants()
+            if v.name in profiles
+            and v.architecture.startswith("digits")
+            and decide_where(v, profiles[v.name], s.fast_path_max_ms).path == "remote"
+            and lone_eligible(v, profiles[v.name], s.lone_max_ms, s.lone_memory_mb)
+        ]
+    finally:
+        store.close()
+    assert names, "the small zoo has a Ray-served digits variant under the lone bound"
+    return sorted(names)[0]
+
+
+def test_a_worker_killed_while_a_lone_copy_answers_loses_no_request_and_leaves_no_orphan_copy(
+    server: Served,
+) -> None:
+    """A Ray-served variant whose queries arriving alone answer from its copy in the front end:
+    its worker is SIGKILLed while one client queries it sequentially (alone: the copy) and three
+    concurrently (batches on the worker). Every request is answered right or refused with a 503
+    that says why; the copy and the replica come back together: once the worker restarted, an
+    alone query answers, and the front end holds no copy of a variant Ray does not hold."""
+    variant = lone_variant(server)
+    rows = zoo.load_split(zoo.DIGITS).x_test[:4]
+    key = server.new_tenant("lone-crash")
+
+    def query(http: httpx.Client, n: int) -> httpx.Response:
+        body = {"task": zoo.DIGITS, "inputs": rows[:n].tolist(), "latency_ms": 60_000, "variant": variant}
+        return http.post("/v1/query", json=body, timeout=REQUEST_TIMEOUT_S)
+
+    def lone_held() -> set[str]:
+        return {n for w in server.fleet()["workers"] if w["family"] == LONE_FAMILY for n in w["loaded"]}
+
+    with server.client(key) as http:
+        first = query(http, len(rows))
+        assert first.status_code == 200, first.text
+        deadline = time.monotonic() + 60
+        while variant not in lone_held():  # the first alone queries load the copy in the background
+            assert time.monotonic() < deadline, server.fleet()
+            assert query(http, 1).status_code == 200
+            time.sleep(0.1)
+    expected = np.asarray(first.json()["outputs"])
+    victim = holder(server, variant)
+
+    stop = threading.Event()
+
+    def client(worker: int, pause_s: float) -> list[tuple[int, int, dict[str, Any]]]:
+        out = []
+        with server.client(key) as http:
+            i = 0
+            while not stop.is_set():
+                n = 1 + (worker + i) % len(rows)
+                r = query(http, n)
+                out.append((n, r.status_code, r.json()))
+                i += 1
+                time.sleep(pause_s)
+        return out
+
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        alone = ex.submit(client, 0, 0.0)
+        time.sleep(0.5)  # the sequential client alone first: the copy answers
+        crowd = [ex.submit(client, w, 0.005) for w in range(1, 4)]
+        time.sleep(0.5)
+        os.kill(victim["pid"], signal.SIGKILL)
+        time.sleep(3.0)
+        stop.set()
+        results = [r for f in [alone, *crowd] for r in f.result(timeout=REQUEST_TIMEOUT_S * 2)]
+
+    assert len(results) > 20, len(results)
+    statuses = {status for _, status, _ in results}
+    assert statuses <= {200, 503}, [r for r in results if r[1] not in (200, 503)][:5]
+    for n, status, body in results:
+        if status == 200:
+            assert body["variant"] == variant
+            np.testing.assert_allclose(np.asarray(body["outputs"]), expected[:n], atol=1e-4)
+        else:
+            assert body["error"] == "unavailable" and variant in body["detail"], body
+    crashes = [
+        e for e in server.fleet()["events"] if e["kind"] == "crash" and e["worker_id"] == victim["worker_id"]
+    ]
+    assert any(variant in e["variant"] for e in crashes), crashes  # the kill took the replica with it
+
+    wait_for_restart(server, victim)
+    with server.client(key) as http:
+        for _ in range(5):  # alone again, on the copy or the reloaded replica
+            again = query(http, len(rows))
+            assert again.status_code == 200, again.text
+            np.testing.assert_allclose(np.asarray(again.json()["outputs"]), expected, atol=1e-4)
+    fleet = server.fleet()
+    ray_held = {n for w in fleet["workers"] if w["family"] != LONE_FAMILY and w["alive"] for n in w["loaded"]}
+    assert lone_held() <= ray_held, (lone_held(), ray_held)
+    assert variant in ray_held
+    assert fleet["replicas"].get(variant, 0) == sum(
+        1 for w in fleet["workers"] if w["family"] != LONE_FAMILY and variant in w["loaded"]
+    )

@@ -59,7 +59,8 @@ def test_overhead_forgets_a_burst_once_it_is_old() -> None:
 
 
 def test_a_busy_path_forgets_one_stall_within_a_quarter_second() -> None:
-    tracker = OverheadTracker()  # the service's: p99 over 0.25 s when it holds 8 answers, else 1 s
+    # The old rule alone (no episode is let go): the stall holds for the short window's 0.25 s.
+    tracker = OverheadTracker(clear_run=0)  # else the service's: p99 over 0.25 s with 8 answers, else 1 s
     at_s = 10.0
     for i in range(500):  # 500 answers/s; one stall puts 6 answers 12 ms late
         at_s += 0.002
@@ -77,6 +78,55 @@ def test_a_busy_path_forgets_one_stall_within_a_quarter_second() -> None:
     for i in range(8):
         refusing.observe(0.4, 10.5 + i * 0.02)
     assert refusing.current(10.5 + 7 * 0.02) == pytest.approx(0.4)
+
+
+def test_a_stall_is_let_go_once_the_answers_after_it_come_in_clear() -> None:
+    tracker = OverheadTracker()  # the service's: clear_run 8, stall_ms 2
+    at_s = 10.0
+
+    def answer(residual_ms: float) -> float:
+        nonlocal at_s
+        at_s += 0.002
+        tracker.observe(residual_ms, at_s)
+        tracker.refresh(at_s)  # as the next query's view would, however soon it comes
+        return tracker.value_ms
+
+    for _ in range(200):
+        answer(0.4)
+    for _ in range(6):  # one episode: every answer in flight 12 ms late
+        held = answer(12.0)
+    assert held > 5.0
+    for _ in range(7):  # seven clean answers are not yet a clear run
+        held = answer(0.4)
+    assert held == pytest.approx(12.0)
+    assert answer(0.4) == pytest.approx(0.4)  # the eighth is: the episode is over
+    # Two episodes in the window are a pattern, not an event: they set the quantile.
+    for _ in range(3):
+        answer(12.0)
+    for _ in range(10):
+        answer(0.4)
+    for _ in range(3):
+        answer(12.0)
+    for _ in range(20):
+        held = answer(0.4)
+    assert held == pytest.approx(12.0)
+
+
+def test_late_answers_spread_over_the_window_are_a_tail_not_an_episode() -> None:
+    tracker = OverheadTracker()
+    for i in range(400):  # every 40th answer 5 ms late: what the next query risks
+        tracker.observe(5.0 if i % 40 == 0 else 0.3, 10.0 + i * 0.0005)
+    tracker.refresh(10.0 + 399 * 0.0005)
+    assert tracker.value_ms > 3.0
+    # A tail as high as its level is not a stall: late means past max(stall_ms, level) above it.
+    level = OverheadTracker()
+    for i in range(100):
+        level.observe(4.0 + (i % 10) * 0.1, 10.0 + i * 0.002)
+    level.observe(7.0, 10.2)
+    for i in range(8):
+        level.observe(4.0, 10.2 + (i + 1) * 0.002)
+    level.refresh(10.22)
+    assert level.value_ms > 4.5  # the window's p99, not the last eight answers' 4.0
 
 
 def store_with_one_task() -> MemoryStore:
