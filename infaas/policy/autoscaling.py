@@ -388,5 +388,11 @@ def _scale_down(r: _Round, variants: list[VariantState]) -> bool:
     for (v, kind, replicas, why), (is_ready, for_s) in ready:
         if is_ready:
             r.act(kind, v, replicas, f"{why}, for {for_s:.0f} s")
+            if replicas == 0:
+                # Its clock ends with it: the router may load it again before the next round (a
+                # load hint: cheaper at its queries' rows than at the rows the rest batch), and
+                # the old clock then took it down again every round (bench_adaptive: ten
+                # downgrades of one variant in ten seconds). Back, it waits a fresh hold-down.
+                r.wanting.pop((v.name, "down"), None)
             return True
     return False

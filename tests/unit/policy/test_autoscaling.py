@@ -174,6 +174,14 @@ def test_downgrades_after_the_hold_down_when_the_cheaper_variant_holds_the_load(
     assert (action.kind, action.variant, action.replicas) == ("downgrade", "b", 0)
 
 
+def test_a_variant_taken_down_and_loaded_again_before_the_next_round_waits_a_fresh_hold_down() -> None:
+    cheap = vs("a", capacity_rows_per_s=1000.0, arrival_rows_per_s=300.0, price_usd_per_s=1e-6)
+    fast = vs("b", capacity_rows_per_s=5000.0, arrival_rows_per_s=50.0, price_usd_per_s=5e-6)
+    # The router's load hint brings "b" back within the second: every snapshot shows it loaded.
+    rounds, _ = run([cheap, fast], 0, [0.0, 10.0, 11.0, 15.0, 21.0])
+    assert [[a.kind for a in actions] for actions in rounds] == [[], ["downgrade"], [], [], ["downgrade"]]
+
+
 def test_no_downgrade_when_only_the_pricier_variant_meets_its_traffics_accuracy() -> None:
     cheap = vs("a", accuracy=0.9, arrival_rows_per_s=10.0, price_usd_per_s=1e-6)
     exact = vs("b", accuracy=0.99, arrival_rows_per_s=10.0, required_accuracy=0.98, price_usd_per_s=5e-6)
