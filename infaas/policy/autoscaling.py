@@ -29,7 +29,8 @@ cheapest one that meets its targets, so traffic spills to pricier variants as ch
 Hysteresis: a wish must hold `upscale_delay_s` (up) or `downscale_delay_s` (down) before it is
 acted on; nothing in a task goes down within `downscale_delay_s` of it going up; a scale-up
 forced by pressure (beyond what the arrival rate asks) is kept until that rate falls below
-`release_ratio` of what it was; and a task gets one action per round. Removal only goes to the
+`release_ratio` of what it was; a variant taken to zero replicas and loaded again by the router
+waits a fresh hold-down; and a task gets one action per round. Removal only goes to the
 count the rate asks for, never below, so at a constant load the fleet settles instead of flapping.
 """
 
