@@ -52,46 +52,40 @@ def holder(server: Served, variant: str) -> dict[str, Any]:
     return workers[0]
 
 
-def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(server: Served) -> None:
-    variant = tensorflow_variant(server.settings)
-    rows = zoo.load_split(zoo.DIGITS).x_test[:4]
-    key = server.new_tenant("crash")
+def pinned_query(http: httpx.Client, variant: str, rows: np.ndarray, n: int) -> httpx.Response:
+    body = {"task": zoo.DIGITS, "inputs": rows[:n].tolist(), "latency_ms": 60_000, "variant": variant}
+    return http.post("/v1/query", json=body, timeout=REQUEST_TIMEOUT_S)
 
-    def query(http: httpx.Client, n: int) -> httpx.Response:
-        body = {"task": zoo.DIGITS, "inputs": rows[:n].tolist(), "latency_ms": 60_000, "variant": variant}
-        return http.post("/v1/query", json=body, timeout=REQUEST_TIMEOUT_S)
 
+def keep_querying(
+    server: Served,
+    key: str,
+    variant: str,
+    rows: np.ndarray,
+    worker: int,
+    stop: threading.Event,
+    answered: threading.Event | None = None,
+    pause_s: float = 0.0,
+) -> list[tuple[int, int, dict[str, Any]]]:
+    """One client's queries of 1..len(rows) rows, back to back until `stop`: (rows, status, body)."""
+    out = []
     with server.client(key) as http:
-        first = query(http, len(rows))
-        assert first.status_code == 200, first.text
-    expected = np.asarray(first.json()["outputs"])
-    victim = holder(server, variant)
-    assert victim["family"] == "tensorflow" and victim["pid"] is not None
-
-    stop = threading.Event()
-    answered = threading.Event()
-
-    def client(worker: int) -> list[tuple[int, int, dict[str, Any]]]:
-        out = []
-        with server.client(key) as http:
-            i = 0
-            while not stop.is_set():
-                n = 1 + (worker + i) % len(rows)
-                r = query(http, n)
-                out.append((n, r.status_code, r.json()))
+        i = 0
+        while not stop.is_set():
+            n = 1 + (worker + i) % len(rows)
+            r = pinned_query(http, variant, rows, n)
+            out.append((n, r.status_code, r.json()))
+            if answered is not None:
                 answered.set()
-                i += 1
-        return out
+            i += 1
+            time.sleep(pause_s)
+    return out
 
-    with ThreadPoolExecutor(max_workers=CLIENTS) as ex:
-        futures = [ex.submit(client, w) for w in range(CLIENTS)]
-        assert answered.wait(30), "no answer before the kill"
-        time.sleep(0.3)  # steady load: batches are in flight on the worker
-        os.kill(victim["pid"], signal.SIGKILL)
-        time.sleep(3.0)  # the requests caught by the kill are retried or refused meanwhile
-        stop.set()
-        results = [r for f in futures for r in f.result(timeout=REQUEST_TIMEOUT_S * 2)]
 
+def check_answered_or_refused_loudly(
+    results: list[tuple[int, int, dict[str, Any]]], variant: str, expected: np.ndarray
+) -> set[int]:
+    """Every request came back right (200) or as a 503 naming the variant; the statuses seen."""
     statuses = {status for _, status, _ in results}
     assert statuses <= {200, 503}, [r for r in results if r[1] not in (200, 503)][:5]
     for n, status, body in results:
@@ -100,6 +94,37 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
             np.testing.assert_allclose(np.asarray(body["outputs"]), expected[:n], atol=1e-4)
         else:
             assert body["error"] == "unavailable" and variant in body["detail"], body
+    return statuses
+
+
+def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(server: Served) -> None:
+    variant = tensorflow_variant(server.settings)
+    rows = zoo.load_split(zoo.DIGITS).x_test[:4]
+    key = server.new_tenant("crash")
+
+    with server.client(key) as http:
+        first = pinned_query(http, variant, rows, len(rows))
+        assert first.status_code == 200, first.text
+    expected = np.asarray(first.json()["outputs"])
+    victim = holder(server, variant)
+    assert victim["family"] == "tensorflow" and victim["pid"] is not None
+
+    stop = threading.Event()
+    answered = threading.Event()
+    with ThreadPoolExecutor(max_workers=CLIENTS) as ex:
+        futures = [
+            ex.submit(keep_querying, server, key, variant, rows, w, stop, answered) for w in range(CLIENTS)
+        ]
+        assert answered.wait(30), "no answer before the kill"
+        time.sleep(0.3)  # steady load: batches are in flight on the worker
+        os.kill(victim["pid"], signal.SIGKILL)
+        time.sleep(3.0)  # the requests caught by the kill are retried or refused meanwhile
+        stop.set()
+        results = [r for f in futures for r in f.result(timeout=REQUEST_TIMEOUT_S * 2)]
+
+    statuses = check_answered_or_refused_loudly(results, variant, expected)
+    for _, status, body in results:
+        if status == 503:
             assert "died" in body["detail"] or "lost" in body["detail"] or "restart" in body["detail"], body
 
     # The loss was noticed and recorded (not swallowed): a crash of that worker in the fleet log.
@@ -113,7 +138,7 @@ def test_killing_the_worker_mid_load_answers_or_fails_every_request_loudly(serve
 
     wait_for_restart(server, victim)
     with server.client(key) as http:
-        again = query(http, len(rows))
+        again = pinned_query(http, variant, rows, len(rows))
     assert again.status_code == 200, again.text
     np.testing.assert_allclose(np.asarray(again.json()["outputs"]), expected, atol=1e-4)
     # Every query the kill caught gave its slot under the admission limit back (a slot kept would
@@ -168,42 +193,27 @@ def test_a_worker_killed_while_a_lone_copy_answers_loses_no_request_and_leaves_n
     rows = zoo.load_split(zoo.DIGITS).x_test[:4]
     key = server.new_tenant("lone-crash")
 
-    def query(http: httpx.Client, n: int) -> httpx.Response:
-        body = {"task": zoo.DIGITS, "inputs": rows[:n].tolist(), "latency_ms": 60_000, "variant": variant}
-        return http.post("/v1/query", json=body, timeout=REQUEST_TIMEOUT_S)
-
     def lone_held() -> set[str]:
         return {n for w in server.fleet()["workers"] if w["family"] == LONE_FAMILY for n in w["loaded"]}
 
     with server.client(key) as http:
-        first = query(http, len(rows))
+        first = pinned_query(http, variant, rows, len(rows))
         assert first.status_code == 200, first.text
         deadline = time.monotonic() + 60
         while variant not in lone_held():  # the first alone queries load the copy in the background
             assert time.monotonic() < deadline, server.fleet()
-            assert query(http, 1).status_code == 200
+            assert pinned_query(http, variant, rows, 1).status_code == 200
             time.sleep(0.1)
     expected = np.asarray(first.json()["outputs"])
     victim = holder(server, variant)
 
     stop = threading.Event()
-
-    def client(worker: int, pause_s: float) -> list[tuple[int, int, dict[str, Any]]]:
-        out = []
-        with server.client(key) as http:
-            i = 0
-            while not stop.is_set():
-                n = 1 + (worker + i) % len(rows)
-                r = query(http, n)
-                out.append((n, r.status_code, r.json()))
-                i += 1
-                time.sleep(pause_s)
-        return out
-
     with ThreadPoolExecutor(max_workers=4) as ex:
-        alone = ex.submit(client, 0, 0.0)
+        alone = ex.submit(keep_querying, server, key, variant, rows, 0, stop)
         time.sleep(0.5)  # the sequential client alone first: the copy answers
-        crowd = [ex.submit(client, w, 0.005) for w in range(1, 4)]
+        crowd = [
+            ex.submit(keep_querying, server, key, variant, rows, w, stop, None, 0.005) for w in range(1, 4)
+        ]
         time.sleep(0.5)
         os.kill(victim["pid"], signal.SIGKILL)
         time.sleep(3.0)
@@ -211,14 +221,7 @@ def test_a_worker_killed_while_a_lone_copy_answers_loses_no_request_and_leaves_n
         results = [r for f in [alone, *crowd] for r in f.result(timeout=REQUEST_TIMEOUT_S * 2)]
 
     assert len(results) > 20, len(results)
-    statuses = {status for _, status, _ in results}
-    assert statuses <= {200, 503}, [r for r in results if r[1] not in (200, 503)][:5]
-    for n, status, body in results:
-        if status == 200:
-            assert body["variant"] == variant
-            np.testing.assert_allclose(np.asarray(body["outputs"]), expected[:n], atol=1e-4)
-        else:
-            assert body["error"] == "unavailable" and variant in body["detail"], body
+    check_answered_or_refused_loudly(results, variant, expected)
     crashes = [
         e for e in server.fleet()["events"] if e["kind"] == "crash" and e["worker_id"] == victim["worker_id"]
     ]
@@ -227,7 +230,7 @@ def test_a_worker_killed_while_a_lone_copy_answers_loses_no_request_and_leaves_n
     wait_for_restart(server, victim)
     with server.client(key) as http:
         for _ in range(5):  # alone again, on the copy or the reloaded replica
-            again = query(http, len(rows))
+            again = pinned_query(http, variant, rows, len(rows))
             assert again.status_code == 200, again.text
             np.testing.assert_allclose(np.asarray(again.json()["outputs"]), expected, atol=1e-4)
     fleet = server.fleet()
