@@ -39,8 +39,9 @@ class OverheadTracker:
     `stall_ms` (or their own level, if higher) of what they predicted, the estimate is the
     quantile of the answers since the episode. Held instead, the episode refused every query
     with a tight target for the rest of the window, after the stall was over, whose late answers
-    refusing could no longer prevent: 10 % of a ~400 q/s trace on this 2-core machine
-    (docs/benchmarks.md). Late answers spread over the window (a tail, not an episode) still set
+    refusing could no longer prevent (one of three replays of `bench_adaptive`'s trace on this
+    2-core machine: 501 refusals at 150 q/s, every one "its path ~10-22 ms beyond its profile";
+    docs/benchmarks.md). Late answers spread over the window (a tail, not an episode) still set
     the quantile: they are what the next query risks."""
 
     def __init__(

@@ -200,7 +200,6 @@ def run_sim(zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float) -> dict[str,
         "charged_usd": t.charged_usd,
         "fleet_usd": res.fleet_usd,
         "frontend_ms": frontend_ms,
-        "loop_ms": frontend_ms,
     }
 
 
@@ -315,7 +314,6 @@ def report(rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
         "charged_usd",
         "fleet_usd",
         "frontend_ms",
-        "loop_ms",
     )
     print(f"\n{'mode':<15} {'':<5} " + " ".join(f"{k:>12}" for k in keys) + f" {'violations':>11}")
     for mode, real, sim in rows:
