@@ -130,23 +130,27 @@ class OverheadTracker:
                 self._value_ms = self._prior_ms + (self._value_ms - self._prior_ms) * weight
                 return
         if self._clear_run > 0 and recent.shape[0] > self._clear_run:
-            after = self._after_episode(since_s)
+            after = self._after_episode(recent, since_s)
             if after is not None:
                 recent = after
         self._value_ms = max(0.0, _quantile(recent, self._quantile))
 
-    def _after_episode(self, since_s: float) -> np.ndarray | None:
+    def _after_episode(self, recent: np.ndarray, since_s: float) -> np.ndarray | None:
         """The residuals recorded after the window's one episode of late answers, when the newest
         `clear_run` all came in clear of it; None when there is no such episode (see the class
-        docstring)."""
-        held, window = self._held, self._at_s.shape[0]
-        # Newest first: the ring's slots from the one written last, backwards.
-        order = (self._next - 1 - np.arange(held)) % window if held == window else np.arange(held)[::-1]
+        docstring). `recent`: the window's residuals since `since_s`, more than `clear_run`."""
+        window = self._at_s.shape[0]
+        # The ring's slots from the one written last, backwards (`_next` is `_held` until it wraps).
+        newest = (self._next - 1 - np.arange(self._clear_run)) % window
+        level = float(self._residual_ms[newest].max())
+        late_ms = level + max(self._stall_ms, level)
+        if not (recent > late_ms).any():
+            return None  # the usual case, found without ordering the window
+        order = (self._next - 1 - np.arange(self._held)) % window
         residual = self._residual_ms[order][self._at_s[order] >= since_s]
-        level = float(residual[: self._clear_run].max())
-        late = np.flatnonzero(residual > level + max(self._stall_ms, level))
-        if late.shape[0] == 0 or late[-1] - late[0] != late.shape[0] - 1:
-            return None  # no late answers, or more than one run of them: a tail, not an episode
+        late = np.flatnonzero(residual > late_ms)
+        if late[-1] - late[0] != late.shape[0] - 1:
+            return None  # more than one run of late answers: a tail, not an episode
         return residual[: late[0]]
 
     def current(self, now_s: float) -> float:

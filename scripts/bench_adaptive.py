@@ -32,7 +32,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serving import ADMIN_KEY, Server, serve_on, stop_server
+from bench_serving import ADMIN_KEY, Server, cpu_seconds, serve_on, stop_server
 
 from infaas.settings import Settings
 from infaas.sim.engine import MODES, Mode, SimConfig, Simulation
@@ -145,30 +145,22 @@ def run_real(
         }
         # The fleet's cost over the replay only, as the simulation integrates it over the trace
         # (the service's total also holds its start-up and warm-up, before the first query).
-        before, cpu_s, loop_s = _fleet_usd(base), _cpu_s(server.proc.pid), _loop_s(server.proc.pid)
+        before, cpu_before = _fleet_usd(base), cpu_seconds(server)
         result = asyncio.run(replay(server, trace, keys, pins))
         result["fleet_usd"] = _fleet_usd(base) - before
-        sent = max(result["sent"], 1)
-        result["frontend_ms"] = (_cpu_s(server.proc.pid) - cpu_s) * 1000.0 / sent
-        result["loop_ms"] = (_loop_s(server.proc.pid) - loop_s) * 1000.0 / sent
+        used = {k: v - cpu_before[k] for k, v in cpu_seconds(server).items()}
+        per_query_ms = 1000.0 / max(result["sent"], 1)
+        # The front end's CPU (all its threads), and its event loop's thread on a core or waiting
+        # for one: what the simulation's front end, on a core of its own, would have to take.
+        result["frontend_ms"] = used["front end"] * per_query_ms
+        result["loop_ms"] = (
+            used["front end loop on a core"] + used["front end waiting for a core"]
+        ) * per_query_ms
         events = _request(f"{base}/v1/admin/fleet?events=500", None, ADMIN_KEY)["events"]
         result["actions"] = [e for e in events if e["worker_id"] is None and e["kind"] != "route"]
     finally:
         stop_server(server)
     return result
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process `pid` has used so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _loop_s(pid: int) -> float:
-    """Seconds the process's main thread (its event loop) ran or waited runnable for a core
-    (/proc/<pid>/task/<pid>/schedstat: on the CPU, then waiting on a run queue)."""
-    on_cpu_ns, waiting_ns = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:2]
-    return (int(on_cpu_ns) + int(waiting_ns)) / 1e9
 
 
 def _fleet_usd(base: str) -> float:

@@ -397,10 +397,12 @@ def cpu_seconds(server: Server) -> dict[str, float]:
 
     root = psutil.Process(server.proc.pid)
     out = {"load": used(psutil.Process()), "front end": used(root), "workers": 0.0, "daemons": 0.0}
-    # Linux: the front end's main thread's time runnable but waiting for a core (schedstat's
-    # second field), which tells a front end that waits for work from one that waits for a CPU.
+    # Linux: the front end's main thread (its event loop) on a core, and runnable but waiting for
+    # one (schedstat's first two fields): the second tells a front end that waits for work from
+    # one that waits for a CPU.
     try:
         fields = Path(f"/proc/{root.pid}/task/{root.pid}/schedstat").read_text().split()
+        out["front end loop on a core"] = int(fields[0]) / 1e9
         out["front end waiting for a core"] = int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
         pass

@@ -195,6 +195,28 @@ def serve_process(
         log.close()
 
 
+def lone_variants(settings: Settings, task: str) -> set[str]:
+    """The profiled variants of `task` that run on a Ray worker and may keep a lone copy in the
+    front end (`workers.placement.lone_eligible`), under `settings`' bounds."""
+    from infaas.store import open_store
+    from infaas.workers.placement import decide_where, lone_eligible
+
+    store = open_store(settings)
+    try:
+        tasks = {a.name: a.task for a in store.list_architectures()}
+        profiles = {p.variant: p for p in store.list_profiles() if p.status == "ok"}
+        return {
+            v.name
+            for v in store.list_variants()
+            if tasks[v.architecture] == task
+            and v.name in profiles
+            and decide_where(v, profiles[v.name], settings.fast_path_max_ms).path == "remote"
+            and lone_eligible(v, profiles[v.name], settings.lone_max_ms, settings.lone_memory_mb)
+        }
+    finally:
+        store.close()
+
+
 def tensorflow_variant(settings: Settings) -> str:
     """A profiled TensorFlow variant of the data dir (TensorFlow variants always run on a Ray
     worker, never on the front end's fast path)."""

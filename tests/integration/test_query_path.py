@@ -22,8 +22,8 @@ from infaas.errors import DeadlineExceeded, Forbidden, NoFeasibleVariant, Overlo
 from infaas.settings import Settings
 from infaas.store import open_store
 from infaas.types import Profile, Variant
-from infaas.workers.placement import LONE_FAMILY, decide_where, lone_eligible
-from tests.integration.conftest import Served, serve_process
+from infaas.workers.placement import LONE_FAMILY
+from tests.integration.conftest import Served, lone_variants, serve_process
 from variants import zoo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -289,13 +289,7 @@ def test_a_ray_served_variant_queried_alone_answers_from_its_lone_copy(
     """`warm` queried every digits variant one at a time: each Ray-served ONNX Runtime or
     scikit-learn variant under INFAAS_LONE_MAX_MS then got a copy in the front end, which answers
     the next query that arrives alone, as the Ray replica does, and counts as no replica."""
-    s = server.settings
-    lone = {
-        name
-        for name, (v, p) in zoo_profiles.items()
-        if decide_where(v, p, s.fast_path_max_ms).path == "remote"
-        and lone_eligible(v, p, s.lone_max_ms, s.lone_memory_mb)
-    }
+    lone = lone_variants(server.settings, zoo.DIGITS)
     assert lone, "the small zoo has Ray-served variants under the lone bound"
     deadline = time.monotonic() + 60
     with Client(server.url, warm) as client:

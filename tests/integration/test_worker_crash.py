@@ -22,9 +22,8 @@ import numpy as np
 import pytest
 
 from infaas.settings import Settings
-from infaas.store import open_store
-from infaas.workers.placement import LONE_FAMILY, decide_where, lone_eligible
-from tests.integration.conftest import Served, serve_process, tensorflow_variant
+from infaas.workers.placement import LONE_FAMILY
+from tests.integration.conftest import Served, lone_variants, serve_process, tensorflow_variant
 from tests.integration.test_admin_views import metric_samples
 from variants import zoo
 
@@ -161,26 +160,6 @@ def wait_for_restart(server: Served, victim: dict[str, Any]) -> None:
         time.sleep(0.5)
 
 
-def lone_variant(server: Served) -> str:
-    """A profiled digits variant that runs on Ray and may keep a lone copy in the front end."""
-    s = server.settings
-    store = open_store(s)
-    try:
-        profiles = {p.variant: p for p in store.list_profiles() if p.status == "ok"}
-        names = [
-            v.name
-            for v in store.list_variants()
-            if v.name in profiles
-            and v.architecture.startswith("digits")
-            and decide_where(v, profiles[v.name], s.fast_path_max_ms).path == "remote"
-            and lone_eligible(v, profiles[v.name], s.lone_max_ms, s.lone_memory_mb)
-        ]
-    finally:
-        store.close()
-    assert names, "the small zoo has a Ray-served digits variant under the lone bound"
-    return sorted(names)[0]
-
-
 def test_a_worker_killed_while_a_lone_copy_answers_loses_no_request_and_leaves_no_orphan_copy(
     server: Served,
 ) -> None:
@@ -189,7 +168,9 @@ def test_a_worker_killed_while_a_lone_copy_answers_loses_no_request_and_leaves_n
     concurrently (batches on the worker). Every request is answered right or refused with a 503
     that says why; the copy and the replica come back together: once the worker restarted, an
     alone query answers, and the front end holds no copy of a variant Ray does not hold."""
-    variant = lone_variant(server)
+    lone = lone_variants(server.settings, zoo.DIGITS)
+    assert lone, "the small zoo has a Ray-served digits variant under the lone bound"
+    variant = sorted(lone)[0]
     rows = zoo.load_split(zoo.DIGITS).x_test[:4]
     key = server.new_tenant("lone-crash")
 
