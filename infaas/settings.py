@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     price_table: Path | None = Field(default=None, description="JSON price table; unset: built-in defaults.")
     max_upload_mb: float = Field(default=200.0, gt=0, description="Largest accepted model upload.")
     max_request_mb: float = Field(default=16.0, gt=0, description="Largest accepted query body.")
+    http_lane: bool = Field(
+        default=True,
+        description="`infaas serve` answers POST /v1/query in its HTTP protocol, with no ASGI cycle or "
+        "middleware (infaas.api.door); false: every query goes through the ASGI app.",
+    )
     worker_memory_budget_mb: float = Field(default=2048.0, gt=0, description="Per worker process.")
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
     change_poll_interval_s: float = Field(

@@ -17,6 +17,8 @@ infaas-service-nojournal  the same with the usage journal off (INFAAS_USAGE_JOUR
              journaling every charge before answering costs
 infaas-service-nolone  the same with no lone copies (INFAAS_LONE_MAX_MS=0): a query arriving
              alone for a Ray-served variant goes through the Ray hop like any other
+infaas-service-nolane  the same with INFAAS_HTTP_LANE=false: every query through the ASGI app
+             instead of the HTTP protocol's query lane (`infaas.api.door`)
 infaas-service-2fe  `infaas serve --workers 2`: two front-end processes on one port (SO_REUSEPORT)
              sharing one fleet, against `infaas-service` (`--workers 1`)
 infaas       the infaas query path alone, as the service wires it: FastAPI front end → per-variant batcher
@@ -638,11 +640,20 @@ def serve_on(data_dir: Path, kind: str, log: Path, settings: dict[str, str]) -> 
     return server
 
 
-def start_service(
-    workdir: Path, variant: Any, journal: str = "os", front_ends: int = 1, lone: bool = True
-) -> Server:
-    """`infaas serve --workers <front_ends>` on the prepared data dir, and a tenant pinned to the
-    benchmark variant; `lone`: Ray-served variants keep a lone copy in the front end (the default)."""
+SERVICE_SETTINGS = {
+    "infaas-service": {},
+    "infaas-service-fsync-journal": {"INFAAS_USAGE_JOURNAL": "fsync"},
+    "infaas-service-nojournal": {"INFAAS_USAGE_JOURNAL": "off"},
+    "infaas-service-nolone": {"INFAAS_LONE_MAX_MS": "0"},
+    "infaas-service-nolane": {"INFAAS_HTTP_LANE": "false"},
+    "infaas-service-2fe": {},
+}
+"""Each `infaas serve` kind's settings beyond the defaults (the usage journal in its default `os`)."""
+
+
+def start_service(workdir: Path, variant: Any, settings: dict[str, str], front_ends: int = 1) -> Server:
+    """`infaas serve --workers <front_ends>` on the prepared data dir with `settings` (environment
+    variables), and a tenant pinned to the benchmark variant."""
     import urllib.request
 
     port = free_port()
@@ -651,8 +662,7 @@ def start_service(
         "INFAAS_DATA_DIR": str(workdir / "service"),
         "INFAAS_ADMIN_KEY": ADMIN_KEY,
         "INFAAS_PORT": str(port),
-        "INFAAS_USAGE_JOURNAL": journal,
-        **({} if lone else {"INFAAS_LONE_MAX_MS": "0"}),
+        **settings,
     }
     cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve", "--workers", str(front_ends)]
     proc = subprocess.Popen(
@@ -819,14 +829,12 @@ def main() -> None:
         for round_no in range(args.rounds):
             for model, (workdir, variant) in workdirs.items():
                 for kind in kinds:
-                    if kind.startswith("infaas-service"):
-                        journal = {"infaas-service-fsync-journal": "fsync", "infaas-service-nojournal": "off"}
+                    if kind in SERVICE_SETTINGS:
                         server = start_service(
                             workdir,
                             variant,
-                            journal=journal.get(kind, "os"),
+                            SERVICE_SETTINGS[kind],
                             front_ends=2 if kind == "infaas-service-2fe" else 1,
-                            lone=kind != "infaas-service-nolone",
                         )
                     elif kind == "mlserver":
                         server = start_mlserver(workdir, args.mlserver_venv)

@@ -404,13 +404,14 @@ def create_app(
     app.state.advice_cache = {}
     install_error_handlers(app)
     install_openapi(app)  # validation failures answer 400 + ErrorBody, not FastAPI's documented 422
+    app.state.max_request_bytes = int(settings.max_request_mb * _MB)  # also the HTTP lane's limit
     app.add_middleware(
         BodyLimit,
-        max_request_bytes=int(settings.max_request_mb * _MB),
+        max_request_bytes=app.state.max_request_bytes,
         max_upload_bytes=int(settings.max_upload_mb * _MB),
     )
     app.add_middleware(AuthGate)  # outside the body limit: a stranger gets 401, not 413
-    app.add_middleware(query.QueryLane, max_request_bytes=int(settings.max_request_mb * _MB))
+    app.add_middleware(query.QueryLane, max_request_bytes=app.state.max_request_bytes)
     app.add_middleware(query.ReceiptStamp)  # outermost: latency_ms counts from here
     modules = (
         health,

@@ -20,6 +20,7 @@ __all__ = [
     "RETRY_AFTER_S",
     "error_response",
     "install_error_handlers",
+    "internal_error",
     "protocol_error",
     "retry_after_s",
     "status_for",
@@ -78,6 +79,12 @@ def error_response(exc: e.InfaasError, body: dict[str, Any] | None = None) -> JS
     return JSONResponse(exc.to_body() if body is None else body, status_code=status, headers=headers or None)
 
 
+def internal_error(exc: Exception) -> JSONResponse:
+    """The 500 for an exception no handler knows. Never leaks a traceback; the server log has it."""
+    body = {"error": "internal_error", "detail": f"{type(exc).__name__}: the server failed"}
+    return JSONResponse(body, status_code=500)
+
+
 def _validation_detail(errors: Any) -> str:
     parts = []
     for err in errors:
@@ -108,9 +115,7 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        # Never leak a traceback; the server log has it.
-        body = {"error": "internal_error", "detail": f"{type(exc).__name__}: the server failed"}
-        return JSONResponse(body, status_code=500)
+        return internal_error(exc)
 
     app.add_exception_handler(e.InfaasError, on_infaas)
     app.add_exception_handler(RequestValidationError, on_validation)

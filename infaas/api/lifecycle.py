@@ -32,9 +32,11 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infaas.api.door import QueryDoor, door_protocol
+from infaas.api.routes import query
 from infaas.errors import Unavailable
 from infaas.settings import Settings
 
@@ -179,10 +181,21 @@ def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
     door = QueryDoor(app)
     gate = DrainGate(door)
     app.state.readiness_checks["accepting"] = lambda: not gate.draining
+
+    async def lane(headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Response:
+        gate.in_flight += 1  # the drain waits for it as for a request through the gate
+        try:
+            return await query.answer(app, headers, body, received_s)
+        finally:
+            gate.in_flight -= 1
+
     config = uvicorn.Config(
         gate,
-        # The door answers most refusals in the HTTP parser's callback (`DoorProtocol`).
-        http=door_protocol(door, lambda: gate.draining),
+        # The door answers most refusals in the HTTP parser's callback, and the query's lane most
+        # queries, with no ASGI cycle (`DoorProtocol`).
+        http=door_protocol(
+            door, lambda: gate.draining, lane if settings.http_lane else None, app.state.max_request_bytes
+        ),
         host=settings.host,
         port=settings.port,
         # No access log: at "warning" it would print nothing, yet uvicorn still computes its

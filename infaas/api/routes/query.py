@@ -5,20 +5,27 @@ checks, routing, batching, the charge, the SLO verdict, metering), then render i
 ``latency_ms`` is measured from the moment the request reached the app (`ReceiptStamp`, the
 outermost middleware) to the moment its reply is built.
 
-The app serves it through `QueryLane`, the middleware just inside `ReceiptStamp`, not through the
-rest of its middleware and its router: a query pays for what it uses (its body limit, errors as
-JSON) and not for eight layers of ASGI calls that do nothing for it. The FastAPI route in `router`
-stays for the OpenAPI document; a request never reaches it.
+`infaas serve` answers it in its HTTP protocol (`infaas.api.door.DoorProtocol`'s lane, through
+`answer`): once a query's headers and body are read, the protocol calls `query` and writes its
+answer itself, with no ASGI cycle, task wrapper, middleware or response object in between;
+``latency_ms`` then counts from its parsed headers. What the lane does not take (a body without a
+Content-Length, over the limit, or behind ``Expect: 100-continue``; a request pipelined behind
+another; any server that does not run the protocol, such as the in-process test clients) goes
+through the app, where `QueryLane`, the middleware just inside `ReceiptStamp`, answers it past
+the rest of the app's middleware and its router: a query pays for what it uses (its body limit,
+errors as JSON) and not for eight layers of ASGI calls that do nothing for it. The FastAPI route
+in `router` stays for the OpenAPI document; a request never reaches it.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infaas.api.auth import authenticate
 from infaas.api.errors import _validation_detail, error_response
@@ -29,7 +36,7 @@ from infaas.dataplane import DataPlane, InferenceRequest
 from infaas.errors import InfaasError, InvalidInput
 from infaas.types import SLO
 
-__all__ = ["QueryLane", "ReceiptStamp", "router"]
+__all__ = ["QueryLane", "ReceiptStamp", "answer", "router"]
 
 router = APIRouter(tags=["query"])
 """FastAPI's route for ``POST /v1/query``, kept for the OpenAPI docs; `route` serves it."""
@@ -71,6 +78,22 @@ class QueryLane:
         except InfaasError as exc:
             response = error_response(exc)
         await response(scope, receive, send)
+
+
+async def answer(app: Any, headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Response:
+    """The answer to a ``POST /v1/query`` whose headers (lower-case names, as uvicorn parses them)
+    and whole body the HTTP protocol has read: `query` on them, an `InfaasError` as its JSON
+    answer. Anything else propagates (the caller answers a JSON 500)."""
+    scope = {"type": "http", "method": "POST", "path": "/v1/query", "app": app, "headers": headers}
+    scope["state"] = {_RECEIVED: received_s}
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        return await query(Request(scope, receive))
+    except InfaasError as exc:
+        return error_response(exc)
 
 
 def _parse_request(body: bytes) -> QueryRequest:

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import uvicorn
@@ -64,16 +65,24 @@ def served() -> Iterator[tuple[int, ShedByKey]]:
     config = uvicorn.Config(
         door, host="127.0.0.1", port=port, log_level="warning", http=door_protocol(door, lambda: False)
     )
-    server = uvicorn.Server(config)
+    with serving(uvicorn.Server(config)):
+        yield port, door
+
+
+@contextmanager
+def serving(server: uvicorn.Server) -> Iterator[None]:
+    """`server` running in a thread of its own while the block runs."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
-    yield port, door
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def _request(key: bytes, body: bytes, *, extra: bytes = b"") -> bytes:
