@@ -1,0 +1,105 @@
+"""CPU per query of the service's own query path, without HTTP or a load generator.
+
+The real app (`infaas.api.create_app` and its lifespan: local Ray, the data plane, the meter and
+the usage journal in its default mode) on bench_serving's tiny model (it runs in the front end),
+pinned, queried through `infaas.api.routes.query.answer`, the function the HTTP lane calls, by
+`--concurrency` coroutines at once. This process's CPU (`time.process_time`, every thread) per
+answered query, per round, and the median: on this noisy 2-core machine an HTTP benchmark's
+rounds swing by ±30 %, and what is measured here (the Python the service runs per query) is a few
+per cent of that, so changes to the query path are compared with this first.
+
+    scripts/bench_query_cpu [--queries 20000] [--rounds 5] [--concurrency 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serving import ROW, SERVICE_TASK, bare, build_model, prepare_service
+
+
+async def run(
+    data_dir: Path, variant: str, queries: int, rounds: int, concurrency: int, profile: bool = False
+) -> list[float]:
+    import json
+
+    from infaas.api import create_app
+    from infaas.api.auth import new_api_key
+    from infaas.api.routes.query import answer
+    from infaas.settings import Settings
+    from infaas.store import open_store
+    from infaas.types import Tenant
+
+    settings = Settings(data_dir=data_dir)
+    key = new_api_key()
+    store = open_store(settings)
+    try:
+        store.create_tenant(Tenant(name="bench", created_at_s=time.time()), key)
+    finally:
+        store.close()
+    headers = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+    body = json.dumps(
+        {"task": SERVICE_TASK, "inputs": [ROW], "latency_ms": 10_000, "variant": variant}
+    ).encode()
+    app = create_app(settings)
+    per_query_us: list[float] = []
+    async with app.router.lifespan_context(app):
+
+        async def client(n: int) -> None:
+            for _ in range(n):
+                response = await answer(app, headers, body, time.monotonic())
+                if response.status_code != 200:
+                    raise RuntimeError(f"answered {response.status_code}: {bytes(response.body)[:300]!r}")
+
+        await asyncio.gather(*(client(200 // concurrency + 1) for _ in range(concurrency)))  # warm-up
+        each = max(1, queries // concurrency)
+        if profile:  # one more round under cProfile: where the query path's CPU goes, by function
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+            await asyncio.gather(*(client(each) for _ in range(concurrency)))
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
+        for i in range(rounds):
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(client(each) for _ in range(concurrency)))
+            n = each * concurrency
+            cpu_us = (time.process_time() - cpu0) / n * 1e6
+            wall_us = (time.perf_counter() - wall0) / n * 1e6
+            per_query_us.append(cpu_us)
+            print(
+                f"  round {i + 1}: {cpu_us:.1f} µs CPU a query ({wall_us:.1f} µs wall), {n} queries",
+                flush=True,
+            )
+    return per_query_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--queries", type=int, default=20_000, help="per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--profile", action="store_true", help="first, one round under cProfile (printed)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        path, variant = build_model(workdir / "models", "tiny")
+        _, profile = bare(path, variant)
+        data_dir = prepare_service(workdir, path, variant, profile)
+        per_query = asyncio.run(
+            run(data_dir, variant.name, args.queries, args.rounds, args.concurrency, args.profile)
+        )
+    print(f"query path CPU: median {statistics.median(per_query):.1f} µs a query over {args.rounds} rounds")
+
+
+if __name__ == "__main__":
+    main()
