@@ -4,9 +4,9 @@ The real app (`infaas.api.create_app` and its lifespan: local Ray, the data plan
 the usage journal in its default mode) on bench_serving's tiny model (it runs in the front end),
 pinned, queried through `infaas.api.routes.query.answer`, the function the HTTP lane calls, by
 `--concurrency` coroutines at once. This process's CPU (`time.process_time`, every thread) per
-answered query, per round, and the median: on this noisy 2-core machine an HTTP benchmark's
-rounds swing by ±30 %, and what is measured here (the Python the service runs per query) is a few
-per cent of that, so changes to the query path are compared with this first.
+answered query, per round, and the median. On this shared 2-core machine its rounds differ by
+~±10 % (286-341 µs in one run), an HTTP benchmark's by ±30 %: a change to the query path worth a
+few per cent shows here first, and `--profile` says where the CPU goes by function.
 
     scripts/bench_query_cpu [--queries 20000] [--rounds 5] [--concurrency 64]
 """
