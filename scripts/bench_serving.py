@@ -534,6 +534,7 @@ async def measure(
                 done, batch_rows, stop_s = 0, [], time.perf_counter() + seconds
                 await asyncio.gather(*(one_client() for _ in range(concurrency)))
 
+        settle(server)  # what the c=1 requests started (Ray's idle workers) is not the window's
         await window(0.5)  # warm-up at full concurrency
         cpu_before = cpu_seconds(server)
         t0 = time.perf_counter()
@@ -746,17 +747,21 @@ def _ready(server: Server) -> Server:
     return server
 
 
-def settle(server: Server, idle_cores: float = 0.1, timeout_s: float = 30.0) -> None:
-    """Wait until the server's process tree is idle (under `idle_cores` over half a second):
-    with `--workers 2`, or Ray's first start in a front end, Ray's daemons and idle workers start
-    up for seconds after the service answers, and a window that began then measured their
-    start-up (up to half a core of "workers") as the server's."""
+def settle(server: Server, idle_cores: float = 0.3, timeout_s: float = 30.0) -> None:
+    """Wait until the server's process tree is idle (under `idle_cores` for two seconds in a row):
+    in a `--workers 2` service Ray's dashboard agent and idle workers start up for seconds after
+    the front ends join it (~1 s of CPU each), and a window that began then measured their
+    start-up (0.35-0.65 core of "workers") as the server's. Not under 0.1 core: two idle front
+    ends' background work (fleet sync, autoscaler) stayed above that for 30 s."""
     deadline = time.monotonic() + timeout_s
+    quiet = 0
     while time.monotonic() < deadline:
         before = cpu_seconds(server)
-        time.sleep(0.5)
+        time.sleep(1.0)
         after = cpu_seconds(server)
-        if sum(after[k] - before[k] for k in after if k != "load") / 0.5 < idle_cores:
+        busy = sum(after[k] - before[k] for k in ("front end", "workers", "daemons"))
+        quiet = quiet + 1 if busy < idle_cores else 0
+        if quiet == 2:
             return
     print(f"  ({server.kind} still busy after {timeout_s:.0f} s; measuring anyway)", flush=True)
 
@@ -856,7 +861,6 @@ def main() -> None:
                     else:
                         server = start_server(kind, workdir)
                     c1_requests = args.requests // args.rounds
-                    settle(server)
                     try:
                         lat, window_rps, mean_batch, cores = asyncio.run(
                             measure(server, c1_requests, args.seconds, args.concurrency, args.client)
