@@ -152,6 +152,14 @@ def test_connection_close_is_honoured(served: Served) -> None:
         assert conn.recv(1) == b""  # closed by the server
 
 
+def test_an_http_1_0_query_is_answered_and_its_connection_closed(served: Served) -> None:
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as conn:
+        conn.sendall(_request(b"Bearer k", b"[1]").replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        [(status, headers, raw)] = _responses(conn, 1)
+        assert (status, headers["connection"], json.loads(raw)["lane"]) == (200, "close", True)
+        assert conn.recv(1) == b""
+
+
 def test_a_failing_answer_is_a_json_500_and_the_connection_goes_on(served: Served) -> None:
     with socket.create_connection(("127.0.0.1", served.port), timeout=10) as conn:
         conn.sendall(_request(b"Bearer k", b"[1]", extra=b"x-fail: 1\r\n"))
