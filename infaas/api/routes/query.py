@@ -8,7 +8,8 @@ outermost middleware) to the moment its reply is built.
 `infaas serve` answers it in its HTTP protocol (`infaas.api.door.DoorProtocol`'s lane, through
 `answer`): once a query's headers and body are read, the protocol calls `query` and writes its
 answer itself, with no ASGI cycle, task wrapper, middleware or response object in between;
-``latency_ms`` then counts from its parsed headers. What the lane does not take (a body without a
+``latency_ms`` then counts from when its task starts, as from `ReceiptStamp` (door.py says why
+not from its parsed headers). What the lane does not take (a body without a
 Content-Length, over the limit, or behind ``Expect: 100-continue``; a request pipelined behind
 another; any server that does not run the protocol, such as the in-process test clients) goes
 through the app, where `QueryLane`, the middleware just inside `ReceiptStamp`, answers it past
