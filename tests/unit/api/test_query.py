@@ -308,9 +308,13 @@ def test_the_door_refuses_a_known_tenant_before_the_app_and_meters_it(
     for tenant in ("t1", "t2"):
         assert post(client, keys[tenant], q())[0] == 200  # the key is now in the key cache
     door = client.app.state.dataplane.door("t1")
-    for _ in range(200):  # admission refused everything of t1's for a while
-        door.observe(True, time.monotonic(), loop_busy=True, margin_ms=48.0, retry_after_s=2.5)
-    assert door.share == pytest.approx(0.95)
+
+    def refused_for_a_while() -> None:  # admission refused everything of t1's for a while
+        for _ in range(200):
+            door.observe(True, time.monotonic(), loop_busy=True, margin_ms=48.0, retry_after_s=2.5)
+        assert door.share == pytest.approx(0.95)
+
+    refused_for_a_while()
     gated = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=QueryDoor(client.app)), base_url="http://test"
     )
@@ -337,6 +341,9 @@ def test_the_door_refuses_a_known_tenant_before_the_app_and_meters_it(
         return [await gated.post(path, json={}, headers=headers) for _ in range(10)]
 
     for path in paths:
+        # Again for each protocol: the share decays in time (`DoorShedder.decay_s`), and on a slow
+        # shared CI host the bursts before the last took long enough that it shed 7 of 10.
+        refused_for_a_while()
         others = client._loop.run_until_complete(ten(path))
         shed = [r for r in others if r.status_code == 429]
         assert len(shed) >= 8 and all(r.json()["at_door"] for r in shed), (path, [r.text for r in others])
