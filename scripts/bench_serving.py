@@ -649,12 +649,13 @@ SERVICE_SETTINGS = {
     "infaas-service-nolane": {"INFAAS_HTTP_LANE": "false"},
     "infaas-service-2fe": {},
 }
-"""Each `infaas serve` kind's settings beyond the defaults (the usage journal in its default `os`)."""
+"""Each `infaas serve` kind's settings beyond the defaults (the usage journal in its default `os`);
+`infaas-service-2fe` runs two front ends, the others one."""
 
 
-def start_service(workdir: Path, variant: Any, settings: dict[str, str], front_ends: int = 1) -> Server:
-    """`infaas serve --workers <front_ends>` on the prepared data dir with `settings` (environment
-    variables), and a tenant pinned to the benchmark variant."""
+def start_service(workdir: Path, variant: Any, kind: str) -> Server:
+    """`infaas serve` as `kind` (`SERVICE_SETTINGS`) on the prepared data dir, and a tenant pinned
+    to the benchmark variant."""
     import urllib.request
 
     port = free_port()
@@ -663,14 +664,15 @@ def start_service(workdir: Path, variant: Any, settings: dict[str, str], front_e
         "INFAAS_DATA_DIR": str(workdir / "service"),
         "INFAAS_ADMIN_KEY": ADMIN_KEY,
         "INFAAS_PORT": str(port),
-        **settings,
+        **SERVICE_SETTINGS[kind],
     }
+    front_ends = 2 if kind == "infaas-service-2fe" else 1
     cmd = [sys.executable, "-c", "from infaas.cli import main; main()", "serve", "--workers", str(front_ends)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
     base = f"http://127.0.0.1:{port}"
-    server = Server("infaas-service", proc, f"{base}/v1/query")
+    server = Server(kind, proc, f"{base}/v1/query")
     try:
         wait_ready(base, proc)
         req = urllib.request.Request(
@@ -751,8 +753,8 @@ def settle(server: Server, idle_cores: float = 0.3, timeout_s: float = 30.0) -> 
     """Wait until the server's process tree is idle (under `idle_cores` for two seconds in a row):
     in a `--workers 2` service Ray's dashboard agent and idle workers start up for seconds after
     the front ends join it (~1 s of CPU each), and a window that began then measured their
-    start-up (0.35-0.65 core of "workers") as the server's. Not under 0.1 core: two idle front
-    ends' background work (fleet sync, autoscaler) stayed above that for 30 s."""
+    start-up (0.35-0.65 core of "workers") as the server's. Not under 0.1 core: a `--workers 2`
+    service with no queries stayed above that for the whole 30 s in three of five rounds."""
     deadline = time.monotonic() + timeout_s
     quiet = 0
     while time.monotonic() < deadline:
@@ -850,12 +852,7 @@ def main() -> None:
             for model, (workdir, variant) in workdirs.items():
                 for kind in kinds:
                     if kind in SERVICE_SETTINGS:
-                        server = start_service(
-                            workdir,
-                            variant,
-                            SERVICE_SETTINGS[kind],
-                            front_ends=2 if kind == "infaas-service-2fe" else 1,
-                        )
+                        server = start_service(workdir, variant, kind)
                     elif kind == "mlserver":
                         server = start_mlserver(workdir, args.mlserver_venv)
                     else:

@@ -128,7 +128,6 @@ class _LaneCycle:
         self.keep_alive = keep_alive
         self.headers = headers
         self.body = bytearray()
-        self.more_body = True
         self.response_complete = False
         self.disconnected = False
 
@@ -190,7 +189,6 @@ class DoorProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         cycle = self.cycle
         if isinstance(cycle, _LaneCycle):
-            cycle.more_body = False
             task = self.loop.create_task(self._run_lane(cycle))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)  # the server's count of requests in progress, and its drain
@@ -216,35 +214,37 @@ class DoorProtocol(HttpToolsProtocol):
             return
         if self.flow.write_paused:
             await self.flow.drain()
+        cycle.response_complete = True
         # Once the server drains, a reused keep-alive connection would meet a closed socket.
         keep_alive = cycle.keep_alive and not self.draining()
-        head = [STATUS_LINE[response.status_code]]
-        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
-        head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
-        head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
-        self.transport.write(b"".join(head) + response.body)
-        cycle.response_complete = True
-        if not keep_alive:
-            self.transport.close()
-        self.on_response_complete()
+        self._reply(response.status_code, response.raw_headers, bytes(response.body), keep_alive)
 
     def _answer(self, refused: Overloaded) -> None:
         body = json.dumps(refused.to_body(), ensure_ascii=False, separators=(",", ":")).encode()
-        # A client waiting for "100 Continue" has not sent the body the parser now expects; a
-        # request without keep-alive asked for the close.
-        close = self.expect_100_continue or not self.parser.should_keep_alive()
-        head = [b"HTTP/1.1 429 Too Many Requests\r\n"]  # `Overloaded`'s status (api/errors.py)
-        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
-        head.append(
-            b"content-type: application/json\r\ncontent-length: %d\r\nretry-after: %s\r\n%s\r\n"
-            % (len(body), retry_after_s(refused).encode(), b"connection: close\r\n" if close else b"")
-        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"retry-after", retry_after_s(refused).encode()),
+        ]
         self.cycle = _ANSWERED
+        # A client waiting for "100 Continue" has not sent the body the parser now expects; a
+        # request without keep-alive asked for the close. 429: `Overloaded`'s status (api/errors.py).
+        keep_alive = not self.expect_100_continue and self.parser.should_keep_alive()
+        self._reply(429, headers, body, keep_alive)
+
+    def _reply(
+        self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, keep_alive: bool
+    ) -> None:
+        """Write a whole response (after uvicorn's default headers), then close the connection or,
+        with `keep_alive`, ready it for its next request, as uvicorn's own cycle does."""
+        head = [STATUS_LINE[status]]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head += [name + b": " + value + b"\r\n" for name, value in headers]
+        head.append(b"\r\n" if keep_alive else b"connection: close\r\n\r\n")
         self.transport.write(b"".join(head) + body)
-        if close:
+        if not keep_alive:
             self.transport.close()
-        else:
-            self.on_response_complete()
+        self.on_response_complete()  # counts the request; starts a pipelined one unless closing
 
 
 def door_protocol(

@@ -85,8 +85,14 @@ async def answer(app: Any, headers: list[tuple[bytes, bytes]], body: bytes, rece
     """The answer to a ``POST /v1/query`` whose headers (lower-case names, as uvicorn parses them)
     and whole body the HTTP protocol has read: `query` on them, an `InfaasError` as its JSON
     answer. Anything else propagates (the caller answers a JSON 500)."""
-    scope = {"type": "http", "method": "POST", "path": "/v1/query", "app": app, "headers": headers}
-    scope["state"] = {_RECEIVED: received_s}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/query",
+        "app": app,
+        "headers": headers,
+        "state": {_RECEIVED: received_s},
+    }
 
     async def receive() -> Message:
         return {"type": "http.request", "body": body, "more_body": False}
