@@ -37,6 +37,14 @@ class Settings(BaseSettings):
         description="`infaas serve` answers POST /v1/query in its HTTP protocol, with no ASGI cycle or "
         "middleware (infaas.api.door); false: every query goes through the ASGI app.",
     )
+    door_refusal_share: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="While answers are in flight, the most of a front end's time that refusing a "
+        "flood at the door may take; a refused connection's further requests wait in its socket "
+        "(infaas.api.door.PacedReads). 1: not paced.",
+    )
     worker_memory_budget_mb: float = Field(default=2048.0, gt=0, description="Per worker process.")
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
     change_poll_interval_s: float = Field(

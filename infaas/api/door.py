@@ -21,6 +21,12 @@ bytes. It skips uvicorn's request cycle, the ASGI middleware stack and the respo
 messages: 1.14x the front end's throughput on a tiny model at c=64 and -0.09 ms p50 at c=1
 (docs/benchmarks.md, "The query's lane in the HTTP protocol"). ``INFAAS_HTTP_LANE=false`` turns
 it off.
+
+And it paces what it refuses (`PacedReads`, `policy.shedding.RefusalPacer`): while answers are in
+flight, refusing may take `INFAAS_DOOR_REFUSAL_SHARE` of the event loop; past that, a connection
+whose last request was refused has its further bytes parsed a chunk at a time as the share
+refills, its reads paused meanwhile (TCP holds the rest at the client). A 10x flood otherwise came
+in passes of the loop of ~20 ms of refusals, and every admitted query waited several of them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -42,8 +49,9 @@ from infaas.api.auth import known_principal
 from infaas.api.errors import error_response, internal_error, retry_after_s
 from infaas.dataplane import DataPlane
 from infaas.errors import Overloaded
+from infaas.policy.shedding import RefusalPacer
 
-__all__ = ["DoorProtocol", "Lane", "QueryDoor", "door_protocol", "is_query"]
+__all__ = ["DoorProtocol", "Lane", "PacedReads", "QueryDoor", "door_protocol", "is_query"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +125,54 @@ class _Answered:
 
 _ANSWERED: Any = _Answered()
 
+_CHUNK = 4096
+"""The most of a refused connection's bytes parsed at once while reads are paced: ~5 queries of
+the benchmarks' size, ~0.5 ms of refusals."""
+
+
+class PacedReads:
+    """The reads of refused connections that a `RefusalPacer` put off, resumed one chunk at a time
+    in arrival order as it refills (one timer per front end). The pacer applies while `answering()`
+    (admitted work in flight); otherwise one chunk goes per pass of the event loop, so a request
+    that arrives meanwhile waits for one chunk, not for the whole backlog. `deferred(now_s)` is told
+    each time a read is put off (`LoopWatch.mark`: the door's shedder counts the loop as busy)."""
+
+    def __init__(
+        self, pacer: RefusalPacer, answering: Callable[[], bool], deferred: Callable[[float], None]
+    ) -> None:
+        self.pacer = pacer
+        self._answering = answering
+        self._deferred = deferred
+        self._waiting: deque[DoorProtocol] = deque()
+        self._timer: asyncio.Handle | None = None
+
+    def may_read(self, now_s: float) -> bool:
+        """Whether a refused connection may parse a chunk now (nothing put off before it)."""
+        return not self._waiting and (not self._answering() or self.pacer.ready(now_s))
+
+    def defer(self, conn: DoorProtocol, now_s: float) -> None:
+        """Put the rest of `conn`'s bytes off until its turn."""
+        self._waiting.append(conn)
+        if self._answering() and not self.pacer.ready(now_s):
+            self._deferred(now_s)
+        self._arm(now_s)
+
+    def spend(self, cost_s: float, now_s: float) -> None:
+        self.pacer.spend(cost_s, now_s)
+
+    def _arm(self, now_s: float) -> None:
+        if self._timer is not None or not self._waiting:
+            return
+        loop = asyncio.get_running_loop()
+        wait_s = self.pacer.wait_s(now_s) if self._answering() else 0.0
+        self._timer = loop.call_later(wait_s, self._wake) if wait_s > 0.0 else loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._timer = None
+        if self._waiting:
+            self._waiting.popleft()._pump(time.monotonic())
+        self._arm(time.monotonic())
+
 
 class _LaneCycle:
     """What `HttpToolsProtocol` reads and writes of a request's cycle (its body as it arrives, the
@@ -141,8 +197,59 @@ class DoorProtocol(HttpToolsProtocol):
     draining: Callable[[], bool]  # while the server drains, every request goes to the app (503)
     lane: Lane | None = None
     lane_max_bytes = 0
+    reads: PacedReads | None = None  # None: a refused connection is read as fast as it sends
+
+    # This connection's last request was refused at the door; its bytes not parsed yet (while its
+    # reads are paced); whether it waits in `reads` for its turn, its reads paused.
+    _refused = False
+    _unread = bytearray()  # replaced per connection before its first byte is put in
+    _deferred = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.reads is None or not (self._refused or self._unread):
+            super().data_received(data)
+            return
+        self._unset_keepalive_if_required()  # a connection put off is not idle
+        if self._unread:
+            self._unread += data
+        else:
+            self._unread = bytearray(data)
+        if not self._deferred:
+            self._pump(time.monotonic(), turn=False)
+
+    def _pump(self, now_s: float, *, turn: bool = True) -> None:
+        """Parse one chunk of this refused connection's bytes on its `turn` (called by `reads`) or
+        if the pacer allows, and put the rest off, its reads paused (TCP holds what follows at the
+        client)."""
+        reads = self.reads
+        assert reads is not None
+        self._deferred = False
+        if self.transport.is_closing():
+            self._unread = bytearray()
+            return
+        if turn or reads.may_read(now_s):
+            chunk = bytes(self._unread[:_CHUNK])
+            del self._unread[:_CHUNK]  # cheap at a bytearray's start
+            super().data_received(chunk)
+            done_s = time.monotonic()
+            if self._refused:
+                reads.spend(done_s - now_s, done_s)
+            now_s = done_s
+        if self._unread and not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            if not self.flow.read_paused:
+                self.flow.pause_reading()
+                self._paused = True
+            self._deferred = True
+            reads.defer(self, now_s)
+        elif self._paused:
+            self._paused = False
+            self.flow.resume_reading()
+
+    _paused = False  # by `_pump`, not by uvicorn's flow control of a request's body
 
     def on_headers_complete(self) -> None:
+        self._refused = False
         # Not behind a request still in progress on this connection (pipelining): answering now
         # would overtake its answer.
         if (self.cycle is None or self.cycle.response_complete) and not self.draining():
@@ -227,6 +334,7 @@ class DoorProtocol(HttpToolsProtocol):
             (b"retry-after", retry_after_s(refused).encode()),
         ]
         self.cycle = _ANSWERED
+        self._refused = True
         # A client waiting for "100 Continue" has not sent the body the parser now expects; a
         # request without keep-alive asked for the close. 429: `Overloaded`'s status (api/errors.py).
         keep_alive = not self.expect_100_continue and self.parser.should_keep_alive()
@@ -248,12 +356,21 @@ class DoorProtocol(HttpToolsProtocol):
 
 
 def door_protocol(
-    door: QueryDoor, draining: Callable[[], bool], lane: Lane | None = None, lane_max_bytes: int = 0
+    door: QueryDoor,
+    draining: Callable[[], bool],
+    lane: Lane | None = None,
+    lane_max_bytes: int = 0,
+    reads: PacedReads | None = None,
 ) -> type[DoorProtocol]:
     """The `DoorProtocol` class for uvicorn's ``http`` setting (uvicorn builds one per
-    connection), with `door`, `draining` (a callable) and the query's `lane` bound (None: every
-    admitted request goes to the app)."""
-    members = {"door": door, "draining": staticmethod(draining), "lane_max_bytes": lane_max_bytes}
+    connection), with `door`, `draining` (a callable), the query's `lane` (None: every admitted
+    request goes to the app) and the refused connections' paced `reads` (None: not paced) bound."""
+    members: dict[str, Any] = {
+        "door": door,
+        "draining": staticmethod(draining),
+        "lane_max_bytes": lane_max_bytes,
+        "reads": reads,
+    }
     if lane is not None:
         members["lane"] = staticmethod(lane)
     return type("BoundDoorProtocol", (DoorProtocol,), members)

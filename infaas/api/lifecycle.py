@@ -35,9 +35,10 @@ from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infaas.api.door import QueryDoor, door_protocol
+from infaas.api.door import PacedReads, QueryDoor, door_protocol
 from infaas.api.routes import query
 from infaas.errors import Unavailable
+from infaas.policy.shedding import RefusalPacer
 from infaas.settings import Settings
 
 __all__ = ["DrainGate", "Server", "run"]
@@ -189,12 +190,24 @@ def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
         finally:
             gate.in_flight -= 1
 
+    # Refusing at the door takes at most this share of the loop while answers are in flight.
+    reads = None
+    if settings.door_refusal_share < 1.0:
+        reads = PacedReads(
+            RefusalPacer(settings.door_refusal_share),
+            answering=lambda: gate.in_flight > 0,
+            deferred=lambda now_s: app.state.dataplane.loop_watch.mark(now_s),
+        )
     config = uvicorn.Config(
         gate,
         # The door answers most refusals in the HTTP parser's callback, and the query's lane most
         # queries, with no ASGI cycle (`DoorProtocol`).
         http=door_protocol(
-            door, lambda: gate.draining, lane if settings.http_lane else None, app.state.max_request_bytes
+            door,
+            lambda: gate.draining,
+            lane if settings.http_lane else None,
+            app.state.max_request_bytes,
+            reads,
         ),
         host=settings.host,
         port=settings.port,

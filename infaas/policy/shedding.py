@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["DoorShedder", "LoopWatch"]
+__all__ = ["DoorShedder", "LoopWatch", "RefusalPacer"]
 
 
 class DoorShedder:
@@ -130,3 +130,51 @@ class LoopWatch:
 
     def busy(self, now_s: float) -> bool:
         return now_s < self._busy_until_s
+
+    def mark(self, now_s: float) -> None:
+        """Busy from now for `hold_s`, as after a late tick: the front end put work off (a
+        `RefusalPacer` deferred a read), so its loop has more to do than time to do it in."""
+        self._busy_until_s = max(self._busy_until_s, now_s + self._hold_s)
+
+
+class RefusalPacer:
+    """How much of the front end's time refusing at the door may take while answers are in
+    flight: a bucket of seconds, refilled at `share` of the wall clock up to `burst_s`, that
+    each refusing read spends by its measured cost. While it is empty the door reads no more of
+    a refused connection's requests (TCP holds them at the client) until it has refilled.
+
+    Why: a refusal costs the front end ~75-95 µs, so a 10x flood (~5 000 arrivals/s) took half
+    its core, and in bursts: one pass of the event loop over 256 flood connections with data
+    waiting refused them all before it ran a single answer's next step, ~20 ms a pass, and an
+    answer takes several passes. Admitted queries then waited 40-100 ms in the loop (the path's
+    overhead estimate said so, and admission refused the quiet tenant as busy). Paced, a pass
+    holds at most `burst_s` of refusals; the flood's excess waits in its own sockets, and is
+    refused later (or when nothing admitted is in flight, at once)."""
+
+    def __init__(self, share: float = 0.3, burst_s: float = 0.002) -> None:
+        if not 0.0 < share <= 1.0 or burst_s <= 0.0:
+            raise ValueError("share in (0, 1], burst_s > 0")
+        self.share = share
+        self._burst_s = burst_s
+        self._tokens_s = burst_s
+        self._at_s: float | None = None
+
+    def _refill(self, now_s: float) -> None:
+        if self._at_s is not None and now_s > self._at_s:
+            self._tokens_s = min(self._burst_s, self._tokens_s + (now_s - self._at_s) * self.share)
+        self._at_s = now_s if self._at_s is None else max(self._at_s, now_s)
+
+    def spend(self, cost_s: float, now_s: float) -> None:
+        """A refusing read took `cost_s` of the front end's time, ending now."""
+        self._refill(now_s)
+        self._tokens_s -= cost_s
+
+    def ready(self, now_s: float) -> bool:
+        """Whether a refused connection's next read may go ahead now."""
+        self._refill(now_s)
+        return self._tokens_s >= -1e-9  # `wait_s` later, whatever the float rounding
+
+    def wait_s(self, now_s: float) -> float:
+        """How long until `ready` (0: it is)."""
+        self._refill(now_s)
+        return max(0.0, -self._tokens_s / self.share)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import pytest
 import uvicorn
@@ -20,8 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from infaas.api.door import QueryDoor, door_protocol
+from infaas.api.door import PacedReads, QueryDoor, door_protocol
 from infaas.errors import Overloaded
+from infaas.policy.shedding import RefusalPacer
 
 SHED = b"Bearer shed-me"
 
@@ -174,3 +176,66 @@ def test_other_requests_are_not_shed(served: tuple[int, ShedByKey]) -> None:
         [(status, _, _)] = _responses(conn, 1)
     assert status == 405  # the app's answer: the door only sheds queries
     assert door.refused == 0
+
+
+@dataclass
+class Paced:
+    port: int
+    door: ShedByKey
+    deferred: list[float] = field(default_factory=list)
+
+
+@pytest.fixture
+def paced() -> Iterator[Paced]:
+    """A server whose refusals may take 5 % of its loop (answers are always in flight here)."""
+    app = Starlette(routes=[Route("/v1/query", _query, methods=["POST"])])
+    door = ShedByKey(app)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = Paced(port, door)
+    reads = PacedReads(RefusalPacer(share=0.05, burst_s=0.001), lambda: True, served.deferred.append)
+    protocol = door_protocol(door, lambda: False, reads=reads)
+    config = uvicorn.Config(door, host="127.0.0.1", port=port, log_level="warning", http=protocol)
+    with serving(uvicorn.Server(config)):
+        yield served
+
+
+def _refused_connection(port: int) -> socket.socket:
+    """A connection whose first query was refused at the door: its next reads are paced."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn.sendall(_request(SHED, b"{}"))
+    [(status, _, _)] = _responses(conn, 1)
+    assert status == 429
+    return conn
+
+
+def test_a_paced_flood_is_answered_whole_and_in_order(paced: Paced) -> None:
+    """A refused connection's pipelined burst is parsed a chunk at a time as the pacer allows:
+    every request answered, in order, an admitted one behind the refusals included."""
+    with _refused_connection(paced.port) as conn:
+        conn.sendall(_request(SHED, b"{}") * 300 + _request(b"Bearer ok", b"[1]"))
+        answers = _responses(conn, 301)
+    assert [status for status, _, _ in answers] == [429] * 300 + [200]
+    assert json.loads(answers[-1][2]) == {"bytes": 3}
+    assert all(headers["retry-after"] for _, headers, _ in answers[:300])
+    assert paced.door.refused == 301
+    assert paced.deferred, "the pacer never put a read off"
+
+
+def test_a_quiet_connection_is_answered_while_a_paced_flood_waits(paced: Paced) -> None:
+    """The point of pacing: a query on another connection is read and answered at once, while
+    the flood's backlog (~3 s of its 5 % share) is still being refused."""
+    with _refused_connection(paced.port) as flood:
+        flood.sendall(_request(SHED, b"{}") * 3000)
+        time.sleep(0.2)  # the server is into the backlog
+        with socket.create_connection(("127.0.0.1", paced.port), timeout=30) as quiet:
+            started = time.monotonic()
+            quiet.sendall(_request(b"Bearer ok", b"[1, 2]"))
+            [(status, _, raw)] = _responses(quiet, 1)
+            quiet_s = time.monotonic() - started
+        refused_by_then = paced.door.refused
+        assert _responses(flood, 3000)[-1][0] == 429  # the backlog is answered in full later
+    assert (status, json.loads(raw)) == (200, {"bytes": 6})
+    assert refused_by_then < 3000, f"the flood was refused whole before the quiet answer ({quiet_s:.2f} s)"
+    assert quiet_s < 2.0, quiet_s

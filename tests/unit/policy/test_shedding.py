@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infaas.policy.shedding import DoorShedder, LoopWatch
+from infaas.policy.shedding import DoorShedder, LoopWatch, RefusalPacer
 
 ROOMY = 48.0  # a 50 ms target for a variant that answers in 2 ms idle
 
@@ -128,3 +128,46 @@ def test_the_loop_is_busy_for_a_second_after_a_late_timer() -> None:
     assert not watch.busy(1.0)
     watch.tick(1.0 + 0.025)  # 15 ms late
     assert watch.busy(1.5) and not watch.busy(2.03)
+
+
+def test_the_loop_is_busy_for_a_second_after_work_is_put_off() -> None:
+    watch = LoopWatch(hold_s=1.0)
+    assert not watch.busy(5.0)
+    watch.mark(5.0)
+    assert watch.busy(5.9) and not watch.busy(6.01)
+
+
+def test_the_pacer_lets_a_burst_through_then_waits_its_refill() -> None:
+    pacer = RefusalPacer(share=0.25, burst_s=0.002)
+    assert pacer.ready(0.0) and pacer.wait_s(0.0) == 0.0
+    pacer.spend(0.003, 0.0)  # 1 ms beyond the burst
+    assert not pacer.ready(0.0)
+    assert pacer.wait_s(0.0) == pytest.approx(0.004)  # 1 ms at a quarter of the clock
+    assert not pacer.ready(0.0039) and pacer.ready(0.0041)
+    assert pacer.ready(100.0) and pacer.wait_s(100.0) == 0.0  # refilled to the burst, not beyond
+    pacer.spend(0.0021, 100.0)
+    assert not pacer.ready(100.0)
+
+
+@given(st.lists(st.floats(min_value=1e-5, max_value=0.01), min_size=1, max_size=300), st.floats(0.05, 1.0))
+def test_paced_refusals_take_at_most_their_share_of_the_clock(costs: list[float], share: float) -> None:
+    """Reading whenever the pacer is ready, the time spent refusing stays within `share` of the
+    time elapsed, give or take one burst and one read."""
+    pacer = RefusalPacer(share=share, burst_s=0.002)
+    now_s = spent_s = 0.0
+    for cost in costs:
+        now_s += pacer.wait_s(now_s)
+        assert pacer.ready(now_s)
+        now_s += cost
+        pacer.spend(cost, now_s)
+        spent_s += cost
+    assert spent_s <= share * now_s + 0.002 + max(costs) + 1e-9
+
+
+def test_pacer_parameters_are_checked() -> None:
+    with pytest.raises(ValueError):
+        RefusalPacer(share=0.0)
+    with pytest.raises(ValueError):
+        RefusalPacer(share=1.5)
+    with pytest.raises(ValueError):
+        RefusalPacer(burst_s=0.0)
