@@ -157,9 +157,6 @@ class PacedReads:
             self._deferred(now_s)
         self._arm(now_s)
 
-    def spend(self, cost_s: float, now_s: float) -> None:
-        self.pacer.spend(cost_s, now_s)
-
     def _arm(self, now_s: float) -> None:
         if self._timer is not None or not self._waiting:
             return
@@ -200,10 +197,12 @@ class DoorProtocol(HttpToolsProtocol):
     reads: PacedReads | None = None  # None: a refused connection is read as fast as it sends
 
     # This connection's last request was refused at the door; its bytes not parsed yet (while its
-    # reads are paced); whether it waits in `reads` for its turn, its reads paused.
+    # reads are paced); whether it waits in `reads` for its turn; whether `_pump` paused its reads
+    # (not uvicorn's flow control of a request's body).
     _refused = False
     _unread = bytearray()  # replaced per connection before its first byte is put in
     _deferred = False
+    _paused = False
 
     def data_received(self, data: bytes) -> None:
         if self.reads is None or not (self._refused or self._unread):
@@ -233,7 +232,7 @@ class DoorProtocol(HttpToolsProtocol):
             super().data_received(chunk)
             done_s = time.monotonic()
             if self._refused:
-                reads.spend(done_s - now_s, done_s)
+                reads.pacer.spend(done_s - now_s, done_s)
             now_s = done_s
         if self._unread and not self.transport.is_closing():
             self._unset_keepalive_if_required()
@@ -245,8 +244,6 @@ class DoorProtocol(HttpToolsProtocol):
         elif self._paused:
             self._paused = False
             self.flow.resume_reading()
-
-    _paused = False  # by `_pump`, not by uvicorn's flow control of a request's body
 
     def on_headers_complete(self) -> None:
         self._refused = False
