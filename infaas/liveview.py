@@ -17,7 +17,7 @@ from infaas.types import Profile, Variant
 from infaas.workers.base import Batcher
 from infaas.workers.placement import Placement
 
-__all__ = ["PROBE_INTERVAL_S", "LiveView", "floor_tracker"]
+__all__ = ["PROBE_INTERVAL_S", "LiveView", "floor_tracker", "tenant_tracker"]
 
 PROBE_INTERVAL_S = 0.02
 """While queries are refused as overloaded and the variant is idle, one per this interval is
@@ -42,6 +42,20 @@ def floor_tracker() -> OverheadTracker:
         decay_s=3600.0,
         clear_run=0,
     )
+
+
+def tenant_tracker() -> OverheadTracker:
+    """One tenant's own residuals on one path (`LiveView.observe`): the p99 over its last 256
+    answers of the last 2 s, once 20 are there (a tenant at 10 q/s has one). Admission takes it
+    where it is below the path's estimate over every tenant's answers. Why: under
+    a flood the path's p99 is the flood's, whose queries wait behind their own backlog; a quiet
+    tenant's go near the head of fair queues, and their own answers had a p99 of 47-56 ms while
+    the path's estimate, 33-49 ms beyond the queue, refused them as busy (bench_fairness)."""
+    return OverheadTracker(window=256, max_age_s=2.0, short_age_s=2.0, short_min_samples=20, min_samples=20)
+
+
+_MAX_TENANT_TRACKERS = 4096
+"""Beyond this many (path, tenant) estimates, those idle for a minute are dropped."""
 
 
 @dataclass
@@ -73,6 +87,8 @@ class LiveView:
         # The same residual, the journal's wait included, of answers admitted into a quiet front
         # end (nothing ahead of them, the limit less than half used): what this host can promise.
         self.floors: dict[str, OverheadTracker] = {}
+        # Per path and tenant, that tenant's own answers (`tenant_tracker`).
+        self.tenant_overheads: dict[tuple[str, str], OverheadTracker] = {}
         self._loaded_ttl_s = loaded_ttl_s
         self._loaded: dict[int, _LoadedCache] = {}
         self._replica_cores = replica_cores
@@ -93,21 +109,44 @@ class LiveView:
             return DEFAULT_OVERHEAD_MS
         return tracker.current(now_s) if now_s is not None else tracker.value_ms
 
-    def path_ms(self, variant: Variant) -> float:
+    def path_ms(self, variant: Variant, tenant: str = "") -> float:
+        """What admission added for `variant`'s path for `tenant`, as of the last refresh."""
         key = self._pool.overhead_key(variant)
-        return max(self.overhead_ms(key), self.floor_ms(key))
+        measured_ms = self.overhead_ms(key)
+        own = self.tenant_overheads.get((key, tenant))
+        if own is not None and own.measured:
+            measured_ms = min(measured_ms, own.value_ms)
+        return max(measured_ms, self.floor_ms(key))
 
-    def _path_ms(self, key: str, now_s: float) -> float:
-        """What admission adds for a path now: its measured overhead, never below its floor."""
-        return max(self.overhead_ms(key, now_s), self.floor_ms(key, now_s))
+    def _path_ms(self, key: str, now_s: float, tenant: str = "") -> float:
+        """What admission adds for a path now: its measured overhead, or the tenant's own answers'
+        when they have enough and came in sooner (`tenant_tracker`; the path's own estimate
+        forgets a stall sooner), never below its floor."""
+        measured_ms = self.overhead_ms(key, now_s)
+        own = self.tenant_overheads.get((key, tenant)) if tenant else None
+        if own is not None:
+            own_ms = own.current(now_s)
+            if own.measured:
+                measured_ms = min(measured_ms, own_ms)
+        return max(measured_ms, self.floor_ms(key, now_s))
 
-    def observe(self, variant: Variant, residual_ms: float, now_s: float) -> None:
-        """An answer of `variant` came `residual_ms` after its prediction."""
+    def observe(self, variant: Variant, residual_ms: float, now_s: float, tenant: str = "") -> None:
+        """An answer of `variant` for `tenant` came `residual_ms` after its prediction."""
         key = self._pool.overhead_key(variant)
         tracker = self.overheads.get(key)
         if tracker is None:
             tracker = self.overheads[key] = self._overhead_factory()
         tracker.observe(residual_ms, now_s)
+        if not tenant:
+            return
+        own = self.tenant_overheads.get((key, tenant))
+        if own is None:
+            if len(self.tenant_overheads) >= _MAX_TENANT_TRACKERS:
+                self.tenant_overheads = {
+                    k: t for k, t in self.tenant_overheads.items() if now_s - t.last_s < 60.0
+                }
+            own = self.tenant_overheads[(key, tenant)] = tenant_tracker()
+        own.observe(residual_ms, now_s)
 
     def observe_floor(self, variant: Variant, residual_ms: float, now_s: float) -> None:
         """An answer admitted into a quiet front end came `residual_ms` after its prediction,
@@ -156,7 +195,7 @@ class LiveView:
         batches; and the batcher's queueing delays by variant (asking the batcher twice per query
         showed in profiles). Adds to `probes` the live variants whose path is due a probe."""
         loaded = self.loaded(table, now_s)
-        paths = {k: self._path_ms(k, now_s) for k in self.overheads.keys() | self.floors.keys()}
+        paths = {k: self._path_ms(k, now_s, tenant) for k in self.overheads.keys() | self.floors.keys()}
         base_ms = min(paths.values(), default=DEFAULT_OVERHEAD_MS)
         delays: dict[str, float] = {}
         queue_ms: dict[str, float] = {}

@@ -85,6 +85,8 @@ class OverheadTracker:
         self._next = 0  # slot the next answer goes to
         self._since_refresh = 0
         self._value_ms = prior_ms
+        self.measured = False
+        """Whether the estimate is a quantile of enough answers, not a decay towards the prior."""
         self.last_s = float("-inf")
         """When the last answer was recorded."""
 
@@ -128,12 +130,14 @@ class OverheadTracker:
             if recent.shape[0] < self._min_samples:
                 weight = math.exp(-max(0.0, elapsed_s) / self._decay_s) if self._decay_s > 0 else 0.0
                 self._value_ms = self._prior_ms + (self._value_ms - self._prior_ms) * weight
+                self.measured = False
                 return
         if self._clear_run > 0 and recent.shape[0] > self._clear_run:
             after = self._after_episode(recent, since_s)
             if after is not None:
                 recent = after
         self._value_ms = max(0.0, _quantile(recent, self._quantile))
+        self.measured = True
 
     def _after_episode(self, recent: np.ndarray, since_s: float) -> np.ndarray | None:
         """The residuals recorded after the window's one episode of late answers, when the newest

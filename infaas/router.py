@@ -330,7 +330,7 @@ class Router:
                 slo,
                 choice,
                 queue_ms.get(choice.variant, 0.0),
-                self.live.path_ms(variant_of),
+                self.live.path_ms(variant_of, tenant),
                 self._batcher.slowdown(choice.variant),
                 elapsed_ms,
             )
@@ -447,11 +447,11 @@ class Router:
         )
 
     # ---- feedback -----------------------------------------------------------------------
-    def observe(self, routed: Routed, latency_ms: float, now_s: float) -> None:
-        """Learn from an answered query: how far the measured latency was above the profile's
-        run time plus the predicted queueing. Cold loads are one-off and left out."""
+    def observe(self, routed: Routed, latency_ms: float, now_s: float, tenant: str = "") -> None:
+        """Learn from an answered query of `tenant`: how far the measured latency was above the
+        profile's run time plus the predicted queueing. Cold loads are one-off and left out."""
         if not routed.cold:
-            self.live.observe(routed.variant, latency_ms - routed.expected_ms, now_s)
+            self.live.observe(routed.variant, latency_ms - routed.expected_ms, now_s, tenant)
 
     def observe_floor(self, routed: Routed, latency_ms: float, now_s: float) -> None:
         """Learn the host's floor from an answer admitted into a quiet front end, measured to the

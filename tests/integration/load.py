@@ -48,6 +48,32 @@ class LoadResult:
         return sum(int(b["cost_pusd"]) for b in self.answered())
 
 
+_loads_running = 0
+
+
+def _hold_collections() -> None:
+    """No garbage collection while an open-loop load runs: the schedule must not pause. A full
+    collection of the test process (~300 ms: it has imported the frameworks) stopped it, and its
+    catch-up burst of ~1 200 requests at once was the overload test's "stall" (late answers and
+    504s in most runs, 2026-12-04). Freezing what existed at the start was not enough: a 10x
+    flood's own outcomes (~50 000 in 10 s) still set off full collections of 108-190 ms in the
+    middle of it (`gc.callbacks`, 2026-12-07), each followed by a burst of ~1 000 requests."""
+    global _loads_running
+    if _loads_running == 0:
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+    _loads_running += 1
+
+
+def _release_collections() -> None:
+    global _loads_running
+    _loads_running -= 1
+    if _loads_running == 0:
+        gc.enable()
+        gc.unfreeze()
+
+
 class OpenLoopLoad:
     """POST `body` to `url` at `rate_per_s` until `stop()`; `stop()` waits for every request sent."""
 
@@ -62,18 +88,14 @@ class OpenLoopLoad:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     def start(self) -> OpenLoopLoad:
-        # The schedule must not pause: a full collection of the test process (~300 ms: it has
-        # imported the frameworks) stopped it, and its catch-up burst of ~1 200 requests at once
-        # was the overload test's "stall" (late answers and 504s in most runs, 2026-12-04).
-        gc.collect()
-        gc.freeze()
+        _hold_collections()
         self._thread.start()
         return self
 
     def stop(self) -> LoadResult:
         self._stopping.set()
         self._thread.join(timeout=self._timeout_s + 30)
-        gc.unfreeze()
+        _release_collections()
         return self.result
 
     async def _run(self) -> None:

@@ -568,3 +568,48 @@ def test_each_variant_is_predicted_with_the_profile_of_the_class_it_runs_on() ->
     on_the_big_node = Machines(MACHINE, nodes=(MACHINE, big, gpu_node), replicas={cpu: big})
     assert Snapshot.load(store, on_the_big_node).variants[cpu][1] == on_big
     assert choose_profile([measured_here, on_big], on_the_big_node, cpu) == on_big
+
+
+def test_a_tenants_own_answers_price_its_path_once_it_has_enough() -> None:
+    """Under a flood the path's p99 is the flood's, whose queries wait behind their own backlog;
+    a quiet tenant whose own answers come in sooner is priced by them (admitted), the flood and a
+    tenant with too few answers by the path's. Its own estimate ages out like the path's."""
+
+    async def scenario() -> None:
+        store = store_with_one_task()
+        variant, profile = make_entry(
+            "m", "onnxruntime", 1, accuracy=0.9, base_ms=1.0, per_row_ms=1.0, price_usd_per_s=1e-5
+        )
+        store.register_architecture(make_arch("m", "t"), [variant], [])
+        store.put_profile(profile)
+        pool = InProcessPool(loader=lambda v: EchoModel(v.name))
+        await pool.ensure_loaded(variant)
+        batcher = AsyncBatcher(pool)
+        router = Router(store, pool, batcher, machine=MACHINE)
+        router.refresh()
+        routed = router.route("t", 1, SLO(latency_ms=100), now_s=1.0)
+        at_s = 10.0
+        for i in range(400):  # 200 answers/s of the flood, 20/s of the quiet tenant
+            at_s += 0.005
+            router.observe(routed, routed.expected_ms + 40.0, at_s, "noisy")
+            if i % 10 == 0:
+                router.observe(routed, routed.expected_ms + 3.0, at_s, "quiet")
+        router.observe(routed, routed.expected_ms + 3.0, at_s, "few")
+        assert router.live.path_ms(variant, "quiet") == pytest.approx(3.0)
+        assert router.live.path_ms(variant, "noisy") == pytest.approx(40.0)
+        assert router.live.path_ms(variant, "few") == pytest.approx(40.0)  # 1 answer: the path's
+        slo = SLO(latency_ms=30)
+        assert router.route("t", 1, slo, now_s=at_s, tenant="quiet").variant.name == variant.name
+        for tenant in ("noisy", "few"):
+            with pytest.raises(Overloaded, match="busy"):
+                router.route("t", 1, slo, now_s=at_s, tenant=tenant)
+        # 3 s on, the flood goes on and the quiet tenant has sent nothing: the path's again
+        for i in range(600):
+            router.observe(routed, routed.expected_ms + 40.0, at_s + 2.0 + i * 0.002, "noisy")
+        with pytest.raises(Overloaded, match="busy"):
+            router.route("t", 1, slo, now_s=at_s + 3.2, tenant="quiet")
+        await router.close()
+        await batcher.close()
+        await pool.close()
+
+    asyncio.run(scenario())
