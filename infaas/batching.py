@@ -478,6 +478,11 @@ class AsyncBatcher:
             servers=queue.servers,
         )
 
+    def waiting_rows(self, variant: str, tenant: str = "") -> int:
+        """Rows of `tenant`'s queries waiting for `variant` (sent batches not counted)."""
+        queue = self._queues.get(variant)
+        return queue.pending.rows_of(tenant) if queue is not None else 0
+
     def queued_rows_by_tenant(self, variant: str) -> dict[str, int]:
         """Rows waiting for `variant`, per tenant."""
         queue = self._queues.get(variant)

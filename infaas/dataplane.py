@@ -485,7 +485,7 @@ class DataPlane:
         # idle front end's path ~2 ms beyond its profile, targets within a few ms of a profile
         # were refused as busy (429) on an idle fleet, and those refusals fed the door (the
         # query-path grid test failed).
-        self.router.observe(routed, charged_ms, time.monotonic(), principal.name)
+        self.router.observe(routed, charged_ms, time.monotonic())
         # The charge is on disk (the usage journal) before the answer leaves: a crash after this
         # point cannot lose it. The wait for it is part of the latency the client sees, so the
         # reply's latency and its verdict are measured after it.

@@ -6,6 +6,7 @@ snapshot of variants and profiles and passes it in; this module owns the overhea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from infaas.types import Profile, Variant
 from infaas.workers.base import Batcher
 from infaas.workers.placement import Placement
 
-__all__ = ["PROBE_INTERVAL_S", "LiveView", "floor_tracker", "tenant_tracker"]
+__all__ = ["PROBE_INTERVAL_S", "LiveView", "floor_tracker", "head_tracker"]
 
 PROBE_INTERVAL_S = 0.02
 """While queries are refused as overloaded and the variant is idle, one per this interval is
@@ -44,18 +45,24 @@ def floor_tracker() -> OverheadTracker:
     )
 
 
-def tenant_tracker() -> OverheadTracker:
-    """One tenant's own residuals on one path (`LiveView.observe`): the p99 over its last 256
-    answers of the last 2 s, once 20 are there (a tenant at 10 q/s has one). Admission takes it
-    where it is below the path's estimate over every tenant's answers. Why: under
-    a flood the path's p99 is the flood's, whose queries wait behind their own backlog; a quiet
-    tenant's go near the head of fair queues, and their own answers had a p99 of 47-56 ms while
-    the path's estimate, 33-49 ms beyond the queue, refused them as busy (bench_fairness)."""
+def head_tracker() -> OverheadTracker:
+    """What answers to queries that found none of their tenant's rows waiting for the variant took
+    beyond their profiled run, queue and slowdown included (`LiveView.observe`): the p99 over the
+    last 256 of the last 2 s, once 20 are there (a tenant at 10 q/s has them). Such a query lands
+    near the head of the fair queue whatever the others have queued, and waits for the batches
+    running then; a query that finds none of its tenant's rows waiting is priced by this where
+    it is below the usual prediction (the predicted queue plus the path's overhead).
+
+    Why: under a 10x flood (bench_fairness, 2026-12-07) the predicted wait of a quiet tenant's
+    query swung between 0 and ~30 ms with where the running batch was, while the wait it got was
+    steady; each answer's residual over its prediction held the swing once, and the prediction
+    added the residual's p99 (the path's, nearly all the flood's answers) to a predicted queue
+    again: its queries were refused as busy at 59-63 ms predicted while its admitted answers had a
+    p99 of 51 ms (max 57) against the 60 ms target. A query behind rows of its own tenant waits
+    for them too, which this does not measure: it gets the usual prediction. Per path, not per
+    tenant: where a query lands in the fair queue depends on its tenant's backlog, not on who it
+    is, so a tenant's first queries beside a flood are priced as well as its later ones."""
     return OverheadTracker(window=256, max_age_s=2.0, short_age_s=2.0, short_min_samples=20, min_samples=20)
-
-
-_MAX_TENANT_TRACKERS = 4096
-"""Beyond this many (path, tenant) estimates, those idle for a minute are dropped."""
 
 
 @dataclass
@@ -87,8 +94,8 @@ class LiveView:
         # The same residual, the journal's wait included, of answers admitted into a quiet front
         # end (nothing ahead of them, the limit less than half used): what this host can promise.
         self.floors: dict[str, OverheadTracker] = {}
-        # Per path and tenant, that tenant's own answers (`tenant_tracker`).
-        self.tenant_overheads: dict[tuple[str, str], OverheadTracker] = {}
+        # Per path, answers at the head of the fair queue, beyond their profile (`head_tracker`).
+        self.heads: dict[str, OverheadTracker] = {}
         self._loaded_ttl_s = loaded_ttl_s
         self._loaded: dict[int, _LoadedCache] = {}
         self._replica_cores = replica_cores
@@ -109,44 +116,39 @@ class LiveView:
             return DEFAULT_OVERHEAD_MS
         return tracker.current(now_s) if now_s is not None else tracker.value_ms
 
-    def path_ms(self, variant: Variant, tenant: str = "") -> float:
-        """What admission added for `variant`'s path for `tenant`, as of the last refresh."""
+    def path_ms(self, variant: Variant) -> float:
+        """What admission added for `variant`'s path, as of the last refresh."""
         key = self._pool.overhead_key(variant)
-        measured_ms = self.overhead_ms(key)
-        own = self.tenant_overheads.get((key, tenant))
-        if own is not None and own.measured:
-            measured_ms = min(measured_ms, own.value_ms)
-        return max(measured_ms, self.floor_ms(key))
+        return max(self.overhead_ms(key), self.floor_ms(key))
 
-    def _path_ms(self, key: str, now_s: float, tenant: str = "") -> float:
-        """What admission adds for a path now: its measured overhead, or the tenant's own answers'
-        when they have enough and came in sooner (`tenant_tracker`; the path's own estimate
-        forgets a stall sooner), never below its floor."""
-        measured_ms = self.overhead_ms(key, now_s)
-        own = self.tenant_overheads.get((key, tenant)) if tenant else None
-        if own is not None:
-            own_ms = own.current(now_s)
-            if own.measured:
-                measured_ms = min(measured_ms, own_ms)
-        return max(measured_ms, self.floor_ms(key, now_s))
+    def _path_ms(self, key: str, now_s: float) -> float:
+        """What admission adds for a path now: its measured overhead, never below its floor."""
+        return max(self.overhead_ms(key, now_s), self.floor_ms(key, now_s))
 
-    def observe(self, variant: Variant, residual_ms: float, now_s: float, tenant: str = "") -> None:
-        """An answer of `variant` for `tenant` came `residual_ms` after its prediction."""
+    def head_ms(self, key: str, now_s: float) -> float | None:
+        """What answers at the head of the fair queue took beyond their profile on a path
+        (`head_tracker`), never below its floor; None until it has enough of them."""
+        head = self.heads.get(key)
+        if head is None:
+            return None
+        head_ms = head.current(now_s)
+        return max(head_ms, self.floor_ms(key, now_s)) if head.measured else None
+
+    def observe(
+        self, variant: Variant, residual_ms: float, now_s: float, head_ms: float | None = None
+    ) -> None:
+        """An answer of `variant` came `residual_ms` after its prediction; `head_ms`: it found none
+        of its tenant's rows waiting, and came that long after its profiled run time."""
         key = self._pool.overhead_key(variant)
         tracker = self.overheads.get(key)
         if tracker is None:
             tracker = self.overheads[key] = self._overhead_factory()
         tracker.observe(residual_ms, now_s)
-        if not tenant:
-            return
-        own = self.tenant_overheads.get((key, tenant))
-        if own is None:
-            if len(self.tenant_overheads) >= _MAX_TENANT_TRACKERS:
-                self.tenant_overheads = {
-                    k: t for k, t in self.tenant_overheads.items() if now_s - t.last_s < 60.0
-                }
-            own = self.tenant_overheads[(key, tenant)] = tenant_tracker()
-        own.observe(residual_ms, now_s)
+        if head_ms is not None:
+            head = self.heads.get(key)
+            if head is None:
+                head = self.heads[key] = head_tracker()
+            head.observe(head_ms, now_s)
 
     def observe_floor(self, variant: Variant, residual_ms: float, now_s: float) -> None:
         """An answer admitted into a quiet front end came `residual_ms` after its prediction,
@@ -190,28 +192,38 @@ class LiveView:
     ) -> tuple[LiveState, dict[str, float]]:
         """Loaded variants, and per live variant the delay a query of `rows` rows of `tenant`
         would see beyond its profile: its queueing delay (fair queuing: the rows ahead of this
-        tenant's query), how much its path's overhead exceeds the smallest (the policy adds that
-        smallest to every variant), and its own run's share of the slowdown measured on its
-        batches; and the batcher's queueing delays by variant (asking the batcher twice per query
-        showed in profiles). Adds to `probes` the live variants whose path is due a probe."""
+        tenant's query), its path's overhead and its own run's share of the slowdown measured on
+        its batches, or, where lower and none of the tenant's rows wait for the variant, what
+        answers at the head of the fair queue took beyond their profile (`head_tracker`); and the
+        batcher's queueing delays by variant (asking the batcher twice per query showed in
+        profiles). Adds to `probes` the live variants whose path is due a probe."""
         loaded = self.loaded(table, now_s)
-        paths = {k: self._path_ms(k, now_s, tenant) for k in self.overheads.keys() | self.floors.keys()}
-        base_ms = min(paths.values(), default=DEFAULT_OVERHEAD_MS)
-        delays: dict[str, float] = {}
+        paths = {k: self._path_ms(k, now_s) for k in self.overheads.keys() | self.floors.keys()}
+        beyond: dict[str, float] = {}  # per live variant, all it would take beyond its profile
         queue_ms: dict[str, float] = {}
         for name in loaded.union(self._batcher.queue_depths()):
             if name in table:
                 variant, profile = variants[name]
                 key = self._pool.overhead_key(variant)
-                extra_ms = paths.get(key, DEFAULT_OVERHEAD_MS) - base_ms
                 queue_ms[name] = self._batcher.queue_delay_ms(name, tenant)
-                delay = queue_ms[name] + extra_ms + self.slower_ms(name, profile, rows)
-                if delay > 0.0:
-                    delays[name] = delay
+                ms = (
+                    queue_ms[name] + paths.get(key, DEFAULT_OVERHEAD_MS) + self.slower_ms(name, profile, rows)
+                )
+                if key in self.heads:
+                    head_ms = self.head_ms(key, now_s)
+                    if head_ms is not None and self._batcher.waiting_rows(name, tenant) == 0:
+                        ms = min(ms, head_ms)
+                beyond[name] = ms
                 if probes is not None:
                     tracker = self.overheads.get(key)
                     if tracker is not None and now_s - tracker.last_s >= PROBE_INTERVAL_S:
                         probes.add(name)
+        # The policy adds the smallest to every variant (the rest as each one's delay): selection
+        # reads a delay as a queue, which only ever slows a variant down.
+        base_ms = min(
+            min(paths.values(), default=DEFAULT_OVERHEAD_MS), min(beyond.values(), default=math.inf)
+        )
+        delays = {name: ms - base_ms for name, ms in beyond.items() if ms > base_ms}
         return LiveState(loaded=loaded, queue_delay_ms=delays, overhead_ms=base_ms), queue_ms
 
     def slower_ms(self, name: str, profile: Profile | None, rows: int) -> float:

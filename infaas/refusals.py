@@ -12,9 +12,18 @@ __all__ = ["busy", "cold", "infeasible"]
 
 
 def busy(
-    task: str, slo: SLO, idle: Choice, queued_ms: float, path_ms: float, slowdown: float, elapsed_ms: float
+    task: str,
+    slo: SLO,
+    idle: Choice,
+    queued_ms: float,
+    path_ms: float,
+    slowdown: float,
+    elapsed_ms: float,
+    head_ms: float | None = None,
 ) -> Overloaded | DeadlineExceeded:
-    """Feasible on an idle fleet, not now: 429, or 504 if the deadline already passed."""
+    """Feasible on an idle fleet, not now: 429, or 504 if the deadline already passed. `head_ms`:
+    what answers at the head of the fair queue took beyond their profile, where it priced the
+    query (`liveview.head_tracker`)."""
     if elapsed_ms >= slo.latency_ms:
         return DeadlineExceeded(
             f"the {slo.latency_ms:g} ms deadline passed after {elapsed_ms:.1f} ms, before the "
@@ -24,15 +33,18 @@ def busy(
     # The path's measured overhead is the other half of "busy": after a stall it alone may
     # refuse a query whose queue is empty, and a message naming only the queue hid that.
     compute = f", and its batches run {slowdown:.1f}x their profile" if slowdown >= 1.05 else ""
+    head = "" if head_ms is None else f"; answers at the head of its queue took ~{head_ms:.0f} ms beyond it"
     return Overloaded(
         f"{task}: the variants that meet the targets are busy: {idle.variant} would answer "
         f"in {idle.predicted_latency_ms:.1f} ms idle, but its queue adds ~{queued_ms:.0f} ms and "
-        f"its path ~{path_ms:.0f} ms beyond its profile{compute} (target {slo.latency_ms:g} ms); retry",
+        f"its path ~{path_ms:.0f} ms beyond its profile{compute}{head} (target {slo.latency_ms:g} ms); "
+        "retry",
         task=task,
         variant=idle.variant,
         predicted_idle_ms=round(idle.predicted_latency_ms, 4),
         path_overhead_ms=round(path_ms, 3),
         slowdown=round(slowdown, 3),
+        **({} if head_ms is None else {"head_ms": round(head_ms, 3)}),
         retry_after_s=round(max(queued_ms, 1.0) / 1000.0, 3),
     )
 

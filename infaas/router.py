@@ -75,8 +75,10 @@ class Routed:
     variant: Variant
     profile: Profile
     cold: bool  # not loaded when decided: its first run includes the load
-    expected_ms: float  # profile p99 at the query's rows + the batcher's predicted queueing
+    expected_ms: float  # profile p99 at the query's rows + its measured slowdown + predicted queueing
     queued_ms: float  # of which the batcher's predicted queueing
+    profiled_ms: float  # of which the profile's p99 at the query's rows
+    at_head: bool = False  # none of its tenant's rows waited for the variant (`liveview.head_tracker`)
 
 
 class Router:
@@ -325,14 +327,18 @@ class Router:
         assert choice is not None, verdict
         if verdict.kind in ("busy", "deadline"):
             variant_of = self._snapshot.variants[choice.variant][0]
+            head_ms = None
+            if self._batcher.waiting_rows(choice.variant, tenant) == 0:
+                head_ms = self.live.head_ms(self._pool.overhead_key(variant_of), now_s)
             raise refusals.busy(
                 task.name,
                 slo,
                 choice,
                 queue_ms.get(choice.variant, 0.0),
-                self.live.path_ms(variant_of, tenant),
+                self.live.path_ms(variant_of),
                 self._batcher.slowdown(choice.variant),
                 elapsed_ms,
+                head_ms,
             )
         if verdict.kind == "cold":
             self.warmer.hint(choice.variant)
@@ -432,26 +438,27 @@ class Router:
         queued_ms = queue_ms.get(decision.variant)
         if queued_ms is None:  # neither loaded nor queued when the state was read
             queued_ms = self._batcher.queue_delay_ms(decision.variant, tenant)
+        profiled_ms = profile.latency_ms(rows, "p99")
         return Routed(
             decision=decision,
             task=task,
             variant=variant,
             profile=profile,
             cold=decision.variant not in live.loaded,
-            expected_ms=(
-                profile.latency_ms(rows, "p99")
-                + self.live.slower_ms(decision.variant, profile, rows)
-                + queued_ms
-            ),
+            expected_ms=profiled_ms + self.live.slower_ms(decision.variant, profile, rows) + queued_ms,
             queued_ms=queued_ms,
+            profiled_ms=profiled_ms,
+            at_head=self._batcher.waiting_rows(decision.variant, tenant) == 0,
         )
 
     # ---- feedback -----------------------------------------------------------------------
-    def observe(self, routed: Routed, latency_ms: float, now_s: float, tenant: str = "") -> None:
-        """Learn from an answered query of `tenant`: how far the measured latency was above the
-        profile's run time plus the predicted queueing. Cold loads are one-off and left out."""
+    def observe(self, routed: Routed, latency_ms: float, now_s: float) -> None:
+        """Learn from an answered query: how far the measured latency was above the profile's run
+        time plus the predicted queueing, and, for a query at the head of the fair queue, above
+        the run time alone (`liveview.head_tracker`). Cold loads are one-off and left out."""
         if not routed.cold:
-            self.live.observe(routed.variant, latency_ms - routed.expected_ms, now_s, tenant)
+            head_ms = latency_ms - routed.profiled_ms if routed.at_head else None
+            self.live.observe(routed.variant, latency_ms - routed.expected_ms, now_s, head_ms)
 
     def observe_floor(self, routed: Routed, latency_ms: float, now_s: float) -> None:
         """Learn the host's floor from an answer admitted into a quiet front end, measured to the

@@ -41,13 +41,14 @@ class FairQueue(Generic[T]):
     """Items in start-tag order; see the module docstring. ``len``, indexing and iteration read
     it in the order batches take it (what `policy.batching.decide` reads)."""
 
-    __slots__ = ("_finish", "_items", "_tags", "_tenants", "queued_rows", "virtual")
+    __slots__ = ("_finish", "_items", "_rows_of", "_tags", "_tenants", "queued_rows", "virtual")
 
     def __init__(self) -> None:
         self._items: list[T] = []
         self._tags: list[float] = []
         self._tenants: list[str] = []
         self._finish: dict[str, float] = {}  # tenant → finish tag of its last query pushed
+        self._rows_of: dict[str, int] = {}  # tenant → its rows queued (absent: none)
         self.virtual = 0.0
         self.queued_rows = 0
 
@@ -80,13 +81,19 @@ class FairQueue(Generic[T]):
         self._tags.insert(at, start)
         self._tenants.insert(at, tenant)
         self.queued_rows += item.rows
+        self._rows_of[tenant] = self._rows_of.get(tenant, 0) + item.rows
 
     def popleft(self) -> T:
         """Take the head (the next query a batch takes)."""
         item = self._items.pop(0)
         self.virtual = self._tags.pop(0)
-        self._tenants.pop(0)
+        tenant = self._tenants.pop(0)
         self.queued_rows -= item.rows
+        left = self._rows_of[tenant] - item.rows
+        if left > 0:
+            self._rows_of[tenant] = left
+        else:
+            del self._rows_of[tenant]
         if not self._items:
             self._finish.clear()  # every tag is <= V now: nothing to remember
         elif len(self._finish) > 256:
@@ -102,9 +109,10 @@ class FairQueue(Generic[T]):
             return sum(items[i].rows for i in range(at))
         return self.queued_rows - sum(items[i].rows for i in range(at, len(items)))
 
+    def rows_of(self, tenant: str = "") -> int:
+        """Rows of `tenant`'s queries in the queue: with none, its next query lands near the head."""
+        return self._rows_of.get(tenant, 0)
+
     def rows_by_tenant(self) -> dict[str, int]:
         """Queued rows per tenant (the dashboard's and the tests' view)."""
-        out: dict[str, int] = {}
-        for tenant, item in zip(self._tenants, self._items, strict=True):
-            out[tenant] = out.get(tenant, 0) + item.rows
-        return out
+        return dict(self._rows_of)

@@ -107,6 +107,11 @@ class Batcher(Protocol):
         to latency): the rows fair queuing puts ahead of it."""
         ...
 
+    def waiting_rows(self, variant: str, tenant: str = "") -> int:
+        """Rows of `tenant`'s queries waiting for `variant` (sent batches not counted): with none,
+        its next query lands near the head of the fair queue, whatever the others have queued."""
+        ...
+
     def slowdown(self, variant: str) -> float:
         """Measured run time ÷ profiled of `variant`'s compute-bound batches (1.0 until measured):
         the router prices a query's own run with it, as the queueing delay already is."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -570,10 +571,11 @@ def test_each_variant_is_predicted_with_the_profile_of_the_class_it_runs_on() ->
     assert choose_profile([measured_here, on_big], on_the_big_node, cpu) == on_big
 
 
-def test_a_tenants_own_answers_price_its_path_once_it_has_enough() -> None:
+def test_answers_at_the_head_of_the_fair_queue_price_a_query_with_none_of_its_rows_waiting() -> None:
     """Under a flood the path's p99 is the flood's, whose queries wait behind their own backlog;
-    a quiet tenant whose own answers come in sooner is priced by them (admitted), the flood and a
-    tenant with too few answers by the path's. Its own estimate ages out like the path's."""
+    a query that finds none of its tenant's rows waiting lands near the head of the fair queue
+    and is priced by what answers there took (admitted), one behind its own tenant's waiting rows
+    by the path's. The head's estimate needs enough answers, and ages out like the path's."""
 
     async def scenario() -> None:
         store = store_with_one_task()
@@ -587,25 +589,44 @@ def test_a_tenants_own_answers_price_its_path_once_it_has_enough() -> None:
         batcher = AsyncBatcher(pool)
         router = Router(store, pool, batcher, machine=MACHINE)
         router.refresh()
-        routed = router.route("t", 1, SLO(latency_ms=100), now_s=1.0)
-        at_s = 10.0
-        for i in range(400):  # 200 answers/s of the flood, 20/s of the quiet tenant
-            at_s += 0.005
-            router.observe(routed, routed.expected_ms + 40.0, at_s, "noisy")
-            if i % 10 == 0:
-                router.observe(routed, routed.expected_ms + 3.0, at_s, "quiet")
-        router.observe(routed, routed.expected_ms + 3.0, at_s, "few")
-        assert router.live.path_ms(variant, "quiet") == pytest.approx(3.0)
-        assert router.live.path_ms(variant, "noisy") == pytest.approx(40.0)
-        assert router.live.path_ms(variant, "few") == pytest.approx(40.0)  # 1 answer: the path's
+        at_head = router.route("t", 1, SLO(latency_ms=100), now_s=1.0, tenant="quiet")
+        behind = dataclasses.replace(at_head, at_head=False)  # a flood's query, behind its own rows
+        assert at_head.at_head
+        key = Placement.wrap(pool).overhead_key(variant)
         slo = SLO(latency_ms=30)
+        at_s = 10.0
+        for i in range(400):  # 200 answers/s of the flood, 20/s at the head (19 of them)
+            at_s += 0.005
+            router.observe(behind, behind.expected_ms + 40.0, at_s)
+            if i > 200 and i % 10 == 0:
+                router.observe(at_head, at_head.expected_ms + 3.0, at_s)
+        assert router.live.path_ms(variant) == pytest.approx(40.0)
+        assert router.live.head_ms(key, at_s) is None  # 19 answers: not enough
+        with pytest.raises(Overloaded, match="busy"):
+            router.route("t", 1, slo, now_s=at_s, tenant="quiet")
+        at_s += 0.06  # past the estimate's refresh interval (`OverheadTracker.stale_s`)
+        router.observe(at_head, at_head.expected_ms + 3.0, at_s)
+        waited_ms = at_head.expected_ms - at_head.profiled_ms  # its predicted queue and slowdown: none
+        assert router.live.head_ms(key, at_s) == pytest.approx(waited_ms + 3.0)
         assert router.route("t", 1, slo, now_s=at_s, tenant="quiet").variant.name == variant.name
-        for tenant in ("noisy", "few"):
-            with pytest.raises(Overloaded, match="busy"):
-                router.route("t", 1, slo, now_s=at_s, tenant=tenant)
-        # 3 s on, the flood goes on and the quiet tenant has sent nothing: the path's again
+        assert router.route("t", 1, slo, now_s=at_s, tenant="newcomer").variant.name == variant.name
+        # A query of the quiet tenant's waits for the variant (queued, its batch not yet sent):
+        # the next one is behind it, which answers at the head do not measure.
+        rows = np.zeros((1, 4), dtype=np.float32)
+        waiting = asyncio.ensure_future(batcher.submit(variant, profile, rows, 1e12, "quiet"))
+        await asyncio.sleep(0)
+        assert batcher.waiting_rows(variant.name, "quiet") == 1
+        assert router.route("t", 1, slo, now_s=at_s, tenant="newcomer").at_head
+        with pytest.raises(Overloaded, match="head of its queue took ~3 ms"):  # what priced it
+            router.route("t", 1, SLO(latency_ms=at_head.profiled_ms + 2.5), now_s=at_s, tenant="newcomer")
+        with pytest.raises(Overloaded, match="busy") as refused:
+            router.route("t", 1, slo, now_s=at_s, tenant="quiet")
+        assert "head" not in str(refused.value)
+        await waiting
+        assert batcher.waiting_rows(variant.name, "quiet") == 0
+        # 3 s on, the flood goes on and nothing was answered at the head: the path's again
         for i in range(600):
-            router.observe(routed, routed.expected_ms + 40.0, at_s + 2.0 + i * 0.002, "noisy")
+            router.observe(behind, behind.expected_ms + 40.0, at_s + 2.0 + i * 0.002)
         with pytest.raises(Overloaded, match="busy"):
             router.route("t", 1, slo, now_s=at_s + 3.2, tenant="quiet")
         await router.close()

@@ -69,3 +69,8 @@ def test_rows_by_tenant() -> None:
     q.push(Item(2, "b"), "b")
     q.push(Item(4, "a"), "a")
     assert q.rows_by_tenant() == {"a": 7, "b": 2}
+    assert (q.rows_of("a"), q.rows_of("b"), q.rows_of("c")) == (7, 2, 0)
+    while q:
+        q.popleft()
+        assert sum(q.rows_by_tenant().values()) == q.queued_rows
+    assert q.rows_by_tenant() == {} and q.rows_of("a") == 0
