@@ -157,6 +157,22 @@ def test_queue_delay_counts_full_batches_ahead() -> None:
     assert predicted_queue_delay_ms(16, [1.0], LAT, params) == pytest.approx(1.0 + 2 * LAT(8))
 
 
+def test_queue_delay_counts_the_rows_that_share_its_batch() -> None:
+    """A request joins the queued rows the full batches ahead leave: its batch runs them too. The
+    22nd query of a flood's first read on a 1.7 ms-a-row model waits ~36 ms for its batch of 22
+    rows, not the one row its own run is priced at."""
+    per_row = lambda n: 1.7 * n  # noqa: E731 - a compute-bound model, latency in proportion
+    idle = BatchParams(max_batch=64, max_in_flight=2)
+    assert predicted_queue_delay_ms(21, [], per_row, idle) == pytest.approx(per_row(22) - per_row(1))
+    # 16 queued rows and batches of 8: two full batches ahead, then its own batch of one row
+    params = BatchParams(max_batch=8, max_in_flight=1)
+    assert predicted_queue_delay_ms(16, [], per_row, params) == pytest.approx(2 * per_row(8))
+    # 18 queued: two full batches ahead, then a batch of 3 rows, it among them
+    assert predicted_queue_delay_ms(18, [], per_row, params) == pytest.approx(
+        2 * per_row(8) + per_row(3) - per_row(1)
+    )
+
+
 @given(
     queued=st.integers(0, 200),
     running=st.lists(st.floats(0.0, 50.0), max_size=4),
