@@ -22,8 +22,8 @@ def busy(
     head_ms: float | None = None,
 ) -> Overloaded | DeadlineExceeded:
     """Feasible on an idle fleet, not now: 429, or 504 if the deadline already passed. `head_ms`:
-    what answers at the head of the fair queue took beyond their profile, where it priced the
-    query (`liveview.head_tracker`)."""
+    what answers at the head of the fair queue took beyond their profile, where the query would
+    have been one of them (`liveview.head_tracker`)."""
     if elapsed_ms >= slo.latency_ms:
         return DeadlineExceeded(
             f"the {slo.latency_ms:g} ms deadline passed after {elapsed_ms:.1f} ms, before the "
