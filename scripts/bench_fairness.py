@@ -8,8 +8,9 @@ the quiet one 20 q/s, for `--seconds` (`tests/integration/neighbours.py`).
 
 What the noisy tenant's queries sustain back to back is measured once, before the first run.
 `--quiet-rate 0`: the flood alone (the issue's overload check: the noisy tenant's admitted
-answers in SLO and its 504s are in the summary). Passes when, in every run, the quiet tenant has >= 99 % of its queries answered in SLO and
-no 429, and the noisy one nothing but 200 and 429 (every 429 with Retry-After).
+answers in SLO and its 504s are in the summary). Passes when, in every run, the quiet tenant has
+>= 99 % of its queries answered in SLO and no 429, and the noisy one nothing but 200 and 429
+(every 429 with Retry-After).
 """
 
 from __future__ import annotations

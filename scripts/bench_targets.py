@@ -77,7 +77,8 @@ def main() -> int:
                                 if not b["slo_met"]:
                                     late.append(
                                         f"pass {p} {target:g} ms acc {acc} rows {rows}: {b['variant']} "
-                                        f"predicted {b['predicted_latency_ms']:.2f} ms, took {b['latency_ms']:.2f} ms"
+                                        f"predicted {b['predicted_latency_ms']:.2f} ms, "
+                                        f"took {b['latency_ms']:.2f} ms"
                                     )
                             time.sleep(0.01)
     share = len(late) / max(1, answered)
