@@ -595,10 +595,10 @@ def test_answers_at_the_head_of_the_fair_queue_price_a_query_with_none_of_its_ro
         key = Placement.wrap(pool).overhead_key(variant)
         slo = SLO(latency_ms=30)
         at_s = 10.0
-        for i in range(400):  # 200 answers/s of the flood, 20/s at the head (19 of them)
+        for i in range(400):  # 200 answers/s of the flood, 40/s at the head in its last 0.5 s (19)
             at_s += 0.005
             router.observe(behind, behind.expected_ms + 40.0, at_s)
-            if i > 200 and i % 10 == 0:
+            if i >= 305 and i % 5 == 0:
                 router.observe(at_head, at_head.expected_ms + 3.0, at_s)
         assert router.live.path_ms(variant) == pytest.approx(40.0)
         assert router.live.head_ms(key, at_s) is None  # 19 answers: not enough
