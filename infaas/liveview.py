@@ -202,6 +202,7 @@ class LiveView:
         profiles). Adds to `probes` the live variants whose path is due a probe."""
         loaded = self.loaded(table, now_s)
         paths = {k: self._path_ms(k, now_s) for k in self.overheads.keys() | self.floors.keys()}
+        heads = {k: ms for k in self.heads if (ms := self.head_ms(k, now_s)) is not None}
         beyond: dict[str, float] = {}  # per live variant, all it would take beyond its profile
         queue_ms: dict[str, float] = {}
         for name in loaded.union(self._batcher.queue_depths()):
@@ -212,10 +213,9 @@ class LiveView:
                 ms = (
                     queue_ms[name] + paths.get(key, DEFAULT_OVERHEAD_MS) + self.slower_ms(name, profile, rows)
                 )
-                if key in self.heads:
-                    head_ms = self.head_ms(key, now_s)
-                    if head_ms is not None and self._batcher.waiting_rows(name, tenant) == 0:
-                        ms = min(ms, head_ms)
+                head_ms = heads.get(key)
+                if head_ms is not None and self._batcher.waiting_rows(name, tenant) == 0:
+                    ms = min(ms, head_ms)
                 beyond[name] = ms
                 if probes is not None:
                     tracker = self.overheads.get(key)

@@ -78,7 +78,7 @@ class Routed:
     expected_ms: float  # profile p99 at the query's rows + its measured slowdown + predicted queueing
     queued_ms: float  # of which the batcher's predicted queueing
     profiled_ms: float  # of which the profile's p99 at the query's rows
-    at_head: bool = False  # none of its tenant's rows waited for the variant (`liveview.head_tracker`)
+    at_head: bool  # none of its tenant's rows waited for the variant (`liveview.head_tracker`)
 
 
 class Router:
