@@ -10,9 +10,13 @@ many answers the front end's single event loop has left to give. One decision
   ASGI scope, a request cycle or a task for it, and its body is dropped as it arrives. Measured
   with `scripts/bench_door`: 75-78 µs of the front end's CPU per refusal against 112 µs through
   the ASGI door (docs/benchmarks.md, "The door in the HTTP parser").
-- `QueryDoor`, the same door as pure ASGI middleware, for what the protocol cannot answer alone:
-  a request pipelined behind one still in progress (its answer must not overtake that one's),
-  and any server that does not run `DoorProtocol` (the in-process test servers).
+  A request pipelined behind one still in progress is judged on arrival too; its refusal waits
+  in uvicorn's pipeline for its turn (`_Owed`: its answer must not overtake that one's). Through
+  the ASGI door instead, such refusals took ~24 % of the front end's samples under a 10x flood
+  (pipelined by the load generator behind admitted queries), twice the parser's own refusals,
+  and escaped the pacer below.
+- `QueryDoor`, the same door as pure ASGI middleware, for any server that does not run
+  `DoorProtocol` (the in-process test servers).
 
 The protocol also holds the query's lane (`DoorProtocol.lane`): a ``POST /v1/query`` the door lets
 in, with a Content-Length within the limit, is read by the protocol and answered by the lane's
@@ -125,6 +129,21 @@ class _Answered:
 
 _ANSWERED: Any = _Answered()
 
+
+class _Owed:
+    """A request pipelined behind one in progress and refused on arrival: its 429, rendered, waits
+    in uvicorn's pipeline and is written when its turn comes (`DoorProtocol._start_asgi_task`).
+    Incomplete until then, so what is pipelined behind it waits too; its body is dropped."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool) -> None:
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.disconnected = False
+        self.message_event = _Answered.message_event
+
+
 _CHUNK = 4096
 """The most of a refused connection's bytes parsed at once while reads are paced: ~5 queries of
 the benchmarks' size, ~0.5 ms of refusals."""
@@ -198,11 +217,13 @@ class DoorProtocol(HttpToolsProtocol):
 
     # This connection's last request was refused at the door; its bytes not parsed yet (while its
     # reads are paced); whether it waits in `reads` for its turn; whether `_pump` paused its reads
-    # (not uvicorn's flow control of a request's body).
+    # (not uvicorn's flow control of a request's body); whether the body of a request let in is
+    # being read (not paced: its clock may have started, as a pipelined request's does in the app).
     _refused = False
     _unread = bytearray()  # replaced per connection before its first byte is put in
     _deferred = False
     _paused = False
+    _admitted_body = False
 
     def data_received(self, data: bytes) -> None:
         if self.reads is None or not (self._refused or self._unread):
@@ -230,6 +251,12 @@ class DoorProtocol(HttpToolsProtocol):
             chunk = bytes(self._unread[:_CHUNK])
             del self._unread[:_CHUNK]  # cheap at a bytearray's start
             super().data_received(chunk)
+            # A request let in is read whole: paced, a pipelined query's body came 0.5 s after
+            # its turn in the app under a 10x flood, and it was dropped at its deadline (504).
+            while self._admitted_body and self._unread and not self.transport.is_closing():
+                chunk = bytes(self._unread[:_CHUNK])
+                del self._unread[:_CHUNK]
+                super().data_received(chunk)
             done_s = time.monotonic()
             if self._refused:
                 reads.pacer.spend(done_s - now_s, done_s)
@@ -247,18 +274,21 @@ class DoorProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._refused = False
-        # Not behind a request still in progress on this connection (pipelining): answering now
-        # would overtake its answer.
-        if (self.cycle is None or self.cycle.response_complete) and not self.draining():
+        self._admitted_body = False
+        if not self.draining():
+            # Behind a request still in progress on this connection (pipelining), a refusal
+            # waits for its turn: answered now, it would overtake that one's answer.
+            behind = not (self.cycle is None or self.cycle.response_complete)
             if self.door.shedding():
                 method = self.parser.get_method().decode("ascii")
                 path = httptools.parse_url(self.url).path.decode("ascii")
                 refused = self.door.refusal(method, path, self.headers)
                 if refused is not None:
-                    self._answer(refused)
+                    self._answer(refused, behind)
                     return
             self.scope["state"][_PASSED] = True
-            if self._on_lane():
+            self._admitted_body = True
+            if not behind and self._on_lane():
                 self._unset_keepalive_if_required()
                 keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
                 cycle: Any = _LaneCycle(keep_alive, self.headers)
@@ -267,6 +297,7 @@ class DoorProtocol(HttpToolsProtocol):
         # A refusal answered earlier in this read armed the keep-alive timeout; a request that
         # follows it in the same read must not be cut by it while it runs.
         self._unset_keepalive_if_required()
+        self._admitted_body = True
         super().on_headers_complete()
 
     def _on_lane(self) -> bool:
@@ -288,10 +319,15 @@ class DoorProtocol(HttpToolsProtocol):
         if isinstance(self.cycle, _LaneCycle):  # read whole without pausing: its length is bounded
             self.cycle.body += body
             return
+        if isinstance(self.cycle, _Owed):  # refused: dropped
+            return
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._admitted_body = False
         cycle = self.cycle
+        if isinstance(cycle, _Owed):
+            return
         if isinstance(cycle, _LaneCycle):
             task = self.loop.create_task(self._run_lane(cycle))
             task.add_done_callback(self.tasks.discard)
@@ -323,19 +359,41 @@ class DoorProtocol(HttpToolsProtocol):
         keep_alive = cycle.keep_alive and not self.draining()
         self._reply(response.status_code, response.raw_headers, bytes(response.body), keep_alive)
 
-    def _answer(self, refused: Overloaded) -> None:
+    def _answer(self, refused: Overloaded, behind: bool = False) -> None:
+        """Answer a refused request now, or once the requests ahead of it are answered (`behind`)."""
         body = json.dumps(refused.to_body(), ensure_ascii=False, separators=(",", ":")).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(body)),
             (b"retry-after", retry_after_s(refused).encode()),
         ]
-        self.cycle = _ANSWERED
         self._refused = True
         # A client waiting for "100 Continue" has not sent the body the parser now expects; a
         # request without keep-alive asked for the close. 429: `Overloaded`'s status (api/errors.py).
         keep_alive = not self.expect_100_continue and self.parser.should_keep_alive()
+        if behind:
+            owed: Any = _Owed(headers, body, keep_alive)
+            self.cycle = owed
+            self.flow.pause_reading()  # as uvicorn does for a pipelined request
+            self.pipeline.appendleft((owed, self.app))
+            return
+        self.cycle = _ANSWERED
         self._reply(429, headers, body, keep_alive)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if not isinstance(cycle, _Owed):
+            super()._start_asgi_task(cycle, app)
+            return
+        # Its turn: written on the loop's next pass, not from inside the answer ahead of it (a
+        # long pipeline of refusals would otherwise recurse once per refusal).
+        self.loop.call_soon(self._pay, cycle)
+
+    def _pay(self, owed: _Owed) -> None:
+        owed.response_complete = True
+        if self.transport.is_closing():
+            return
+        keep_alive = owed.keep_alive and not self.draining()
+        self._reply(429, owed.headers, owed.body, keep_alive)
 
     def _reply(
         self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, keep_alive: bool

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from infaas.api.door import PacedReads, QueryDoor, door_protocol
 from infaas.errors import Overloaded
@@ -36,6 +37,11 @@ class ShedByKey(QueryDoor):
         super().__init__(app)  # type: ignore[arg-type]
         self.refused = 0
         self.judged = 0
+        self.entered = 0  # requests that reached the ASGI door (the protocol let them through)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.entered += scope["type"] == "http"
+        await super().__call__(scope, receive, send)
 
     def shedding(self) -> bool:
         return True
@@ -147,9 +153,10 @@ def test_a_refusal_in_the_same_read_as_other_requests(served: tuple[int, ShedByK
         statuses = [(status, raw) for status, _, raw in _responses(conn, 3)]
     assert [s for s, _ in statuses] == [429, 200, 429]
     assert json.loads(statuses[1][1]) == {"bytes": 3}
-    # The last one was pipelined behind a request in progress: the app's door (ASGI) answered
-    # it, after the request ahead of it.
+    # The last one was pipelined behind a request in progress: refused on arrival by the parser's
+    # door, answered after the request ahead of it; only the admitted one reached the app.
     assert door.refused == 2
+    assert door.entered == 1
 
 
 def test_a_refusal_does_not_overtake_a_request_in_progress(served: tuple[int, ShedByKey]) -> None:
@@ -158,6 +165,52 @@ def test_a_refusal_does_not_overtake_a_request_in_progress(served: tuple[int, Sh
         conn.sendall(_request(b"Bearer ok", b"[1, 2]", extra=b"x-delay: 0.2\r\n") + _request(SHED, b"{}"))
         (first, _, raw), (second, _, _) = _responses(conn, 2)
     assert (first, json.loads(raw), second) == (200, {"bytes": 6}, 429)
+
+
+def test_a_pipelined_burst_behind_a_request_in_progress_is_answered_in_order(
+    served: tuple[int, ShedByKey],
+) -> None:
+    """Refusals pipelined behind a slow answer wait for it, then go out in order, an admitted
+    query among them included, without reaching the app (the load generator's flood pipelines
+    this way behind its admitted queries)."""
+    port, door = served
+    burst = (
+        _request(b"Bearer ok", b"[1]", extra=b"x-delay: 0.2\r\n")
+        + _request(SHED, b"{}") * 200
+        + _request(b"Bearer ok", b"[1, 2]")
+        + _request(SHED, b"{}") * 3
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(burst)
+        answers = _responses(conn, 205)
+    assert [status for status, _, _ in answers] == [200] + [429] * 200 + [200] + [429] * 3
+    assert [json.loads(answers[i][2]) for i in (0, 201)] == [{"bytes": 3}, {"bytes": 6}]
+    assert all(headers["retry-after"] == "3" for _, headers, _ in answers[1:201])
+    assert (door.refused, door.entered) == (203, 2)
+
+
+def test_a_pipelined_refusal_honours_connection_close(served: tuple[int, ShedByKey]) -> None:
+    port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            _request(b"Bearer ok", b"[1]", extra=b"x-delay: 0.1\r\n")
+            + _request(SHED, b"{}", extra=b"connection: close\r\n")
+        )
+        (first, _, _), (second, headers, _) = _responses(conn, 2)
+        assert (first, second, headers["connection"]) == (200, 429, "close")
+        assert conn.recv(1) == b""  # closed by the server
+
+
+def test_a_client_gone_with_refusals_owed_leaves_the_server_serving(served: tuple[int, ShedByKey]) -> None:
+    port, _ = served
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn.sendall(_request(b"Bearer ok", b"[1]", extra=b"x-delay: 0.1\r\n") + _request(SHED, b"{}") * 20)
+    conn.close()
+    time.sleep(0.3)  # the answer ahead and the refusals owed meet a closed connection
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as again:
+        again.sendall(_request(b"Bearer ok", b"[1]"))
+        [(status, _, _)] = _responses(again, 1)
+    assert status == 200
 
 
 def test_a_refusal_honours_connection_close(served: tuple[int, ShedByKey]) -> None:
