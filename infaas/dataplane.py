@@ -455,6 +455,7 @@ class DataPlane:
                 principal.name,
                 principal.share.weight,
                 alone=alone,
+                predicted_wait_ms=routed.queued_ms,
             )
             cost_pusd = cost_share_pusd(routed.profile, result.batch_rows, rows)
         except Exception as exc:

@@ -87,6 +87,7 @@ class Batcher(Protocol):
         weight: float = 1.0,
         background: bool = False,
         alone: bool = False,
+        predicted_wait_ms: float = 0.0,
     ) -> BatchResult:
         """Queue `rows` for `variant`; `deadline_s` (monotonic clock) is the request's SLO deadline, so
         the batch is sent before waiting longer would break the tightest deadline in the queue.
@@ -94,7 +95,9 @@ class Batcher(Protocol):
         `background` request (an offline job's batch) is not online traffic: `last_submit_s`
         does not move for it. `alone`: the caller has no other query in flight, so no other
         request could join this one's batch; one for a variant the front end runs itself then
-        runs at once, without the queue's loop iterations."""
+        runs at once, without the queue's loop iterations. `predicted_wait_ms`: the queueing the
+        router predicted for it (`queue_delay_ms`), against which its wait calibrates the next
+        predictions."""
         ...
 
     async def warm(self, variant: Variant, profile: Profile) -> None:

@@ -354,3 +354,40 @@ async def test_a_fast_path_queue_carries_no_hop_prior() -> None:
     assert batcher.overhead_ms(tiny.name) == 0.0
     assert batcher.overhead_ms(slow.name) > 0.0
     await batcher.close()
+
+
+async def _delay_after_waits(predicted_wait_ms: float) -> float:
+    """The queueing predicted behind a running batch after 30 requests that each waited 10 ms
+    (a 10 ms batch ahead of them) against `predicted_wait_ms`."""
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant()
+    p = make_profile(v).model_copy(update={"points": (point(1, 10.0), point(8, 10.0))})
+    for _ in range(30):
+        ahead = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+        await settle()
+        behind = asyncio.create_task(
+            batcher.submit(v, p, rows(2.0), 1e9, predicted_wait_ms=predicted_wait_ms)
+        )
+        await settle()
+        for task in (ahead, behind):  # each runs its profiled 10 ms
+            timer.advance(0.010)
+            pool.release()
+            await task
+            await settle()
+    running = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+    await settle()
+    delay_ms = batcher.queue_delay_ms(v.name)
+    timer.advance(0.010)
+    pool.release()
+    await running
+    await batcher.close()
+    return delay_ms
+
+
+async def test_requests_that_waited_longer_than_predicted_lengthen_the_next_predictions() -> None:
+    plain = await _delay_after_waits(0.0)  # no prediction given: nothing to calibrate against
+    assert plain == pytest.approx(10.0)  # the running batch's 10 ms
+    assert await _delay_after_waits(5.0) == pytest.approx(2.0 * plain)  # they waited twice that
+    assert await _delay_after_waits(20.0) == pytest.approx(plain)  # shorter than predicted: not less
