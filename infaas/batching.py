@@ -152,7 +152,7 @@ class _Pending:
     deadline_s: float
     enqueued_s: float
     future: asyncio.Future[BatchResult]
-    predicted_wait_ms: float = 0.0  # the router's predicted queueing when it was admitted
+    predicted_wait_ms: float = 0.0  # the router's predicted queueing, before the calibration
 
 
 @dataclass(eq=False)
@@ -302,8 +302,11 @@ class AsyncBatcher:
             if result is not None:
                 return result
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        # Kept as predicted before the calibration: measured against the calibrated figure, the
+        # ratio would fall to 1 once calibrated, and the calibration with it, in turns.
+        uncalibrated_ms = predicted_wait_ms / max(1.0, queue.calibration.current(now_s))
         queue.pending.push(
-            _Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future, predicted_wait_ms),
+            _Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future, uncalibrated_ms),
             tenant,
             weight,
         )

@@ -358,7 +358,8 @@ async def test_a_fast_path_queue_carries_no_hop_prior() -> None:
 
 async def _delay_after_waits(predicted_wait_ms: float) -> float:
     """The queueing predicted behind a running batch after 30 requests that each waited 10 ms
-    (a 10 ms batch ahead of them) against `predicted_wait_ms`."""
+    (a 10 ms batch ahead of them) against `predicted_wait_ms` (the caller's prediction, with the
+    calibration of its time in it: the batcher measures the prediction before it)."""
     pool = RecordingPool(gated=True)
     timer = ManualTimer()
     batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
