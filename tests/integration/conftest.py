@@ -29,12 +29,19 @@ from infaas.settings import Settings
 from infaas.workers.inprocess import InProcessPool
 from tests.conftest import redis_required
 
+# Ray's dashboard agent listens on this fixed port (`ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT`),
+# inside Linux's ephemeral range: picked here while free, it was taken by the Ray that
+# `infaas serve` starts before binding its own port (a clean-clone CI run, 2026-12-07).
+_RAY_FIXED_PORTS = frozenset({52365})
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _RAY_FIXED_PORTS:
+            return port
 
 
 def create_key(url: str, admin_key: str, name: str, role: str = "tenant") -> str:
