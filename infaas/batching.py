@@ -53,10 +53,10 @@ def wait_calibration() -> OverheadTracker:
     samples). A dropped request counts with the wait it had when dropped, a lower bound.
 
     Why: under a 10x flood the queries dropped at their deadline (504) had been predicted to wait
-    40-51 ms behind 7-9 one-row batches and waited 60-67 ms, a quarter longer, and the path's
-    estimate could not see it: it learns from answers, and prices their p99 residual, while the
-    drops were 0.1-0.4 % of the admitted queries (docs/benchmarks.md). A ratio, not a residual:
-    the error grows with the batches a request waits behind."""
+    40-51 ms behind 7-9 one-row batches and waited 60-67 ms, 1.2-1.6 times as long, and the
+    path's estimate could not see it: it learns from answers, and prices their p99 residual,
+    while the drops were 0.02-0.4 % of the admitted queries (docs/benchmarks.md). A ratio, not a
+    residual: the error grows with the batches a request waits behind."""
     return OverheadTracker(
         prior_ms=1.0,
         window=512,
@@ -69,10 +69,22 @@ def wait_calibration() -> OverheadTracker:
     )
 
 
-def _calibrate(queue: _VariantQueue, item: _Pending, waited_ms: float, now_s: float) -> None:
-    """`item` waited `waited_ms` against its predicted wait: one sample of `wait_calibration`."""
-    if item.predicted_wait_ms >= _CALIBRATED_WAIT_MS:
-        queue.calibration.observe(waited_ms / item.predicted_wait_ms, now_s)
+def _calibrate(
+    queue: _VariantQueue, item: _Pending, now_s: float, run_ms: Callable[[int], float] | None = None
+) -> None:
+    """One sample of `wait_calibration`: `item`'s wait until `now_s`, less its own run where it
+    ran (`run_ms` of its rows), against its predicted wait; nothing for a request predicted to
+    wait less than `_CALIBRATED_WAIT_MS` (the common case: its run is not even looked up).
+
+    A wait counts at most the request's whole budget (its deadline less its arrival), as a drop
+    at the deadline does: beyond it the request is lost either way. Uncapped, the requests that
+    waited out a worker killed mid-flood (its batch retried on the reloaded replica, ~1.4 s
+    later) put the queue's predictions at 0.9-31 s for the next 2 s."""
+    if item.predicted_wait_ms < _CALIBRATED_WAIT_MS:
+        return
+    waited_ms = (now_s - item.enqueued_s) * 1000.0 - (run_ms(item.rows) if run_ms is not None else 0.0)
+    budget_ms = (item.deadline_s - item.enqueued_s) * 1000.0
+    queue.calibration.observe(min(waited_ms, budget_ms) / item.predicted_wait_ms, now_s)
 
 
 def _plus(latency_ms: Callable[[int], float], wait_ms: float, rows: int) -> float:
@@ -153,6 +165,7 @@ class _Pending:
     enqueued_s: float
     future: asyncio.Future[BatchResult]
     predicted_wait_ms: float = 0.0  # the router's predicted queueing, before the calibration
+    admitted_wait_ms: float = 0.0  # the same, calibrated: what admission priced it at
 
 
 @dataclass(eq=False)
@@ -302,11 +315,13 @@ class AsyncBatcher:
             if result is not None:
                 return result
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
-        # Kept as predicted before the calibration: measured against the calibrated figure, the
-        # ratio would fall to 1 once calibrated, and the calibration with it, in turns.
-        uncalibrated_ms = predicted_wait_ms / max(1.0, queue.calibration.current(now_s))
+        uncalibrated_ms = predicted_wait_ms
+        if predicted_wait_ms >= _CALIBRATED_WAIT_MS:
+            # Kept as predicted before the calibration: measured against the calibrated figure,
+            # the ratio would fall to 1 once calibrated, and the calibration with it, in turns.
+            uncalibrated_ms /= max(1.0, queue.calibration.current(now_s))
         queue.pending.push(
-            _Pending(rows, int(rows.shape[0]), deadline_s, self._timer.now_s(), future, uncalibrated_ms),
+            _Pending(rows, int(rows.shape[0]), deadline_s, now_s, future, uncalibrated_ms, predicted_wait_ms),
             tenant,
             weight,
         )
@@ -382,11 +397,12 @@ class AsyncBatcher:
         if now_s < item.deadline_s:
             return False
         waited_ms = (now_s - item.enqueued_s) * 1000.0
-        _calibrate(queue, item, waited_ms, now_s)
+        _calibrate(queue, item, now_s)  # its wait so far: a lower bound
         item.future.set_exception(
             DeadlineExceeded(
-                f"the deadline passed after {waited_ms:.1f} ms in the queue, before the request ran; "
-                "it was not charged",
+                f"the deadline passed after {waited_ms:.1f} ms in the queue (queued with "
+                f"{(item.deadline_s - item.enqueued_s) * 1000.0:.1f} ms of its target left, predicted "
+                f"to wait {item.admitted_wait_ms:.1f} ms), before the request ran; it was not charged",
                 waited_ms=round(waited_ms, 3),
             )
         )
@@ -455,10 +471,9 @@ class AsyncBatcher:
                 queue.overhead_ms += _OVERHEAD_EWMA_ALPHA * (
                     max(0.0, measured_overhead_ms) - queue.overhead_ms
                 )
-        for p in batch:  # each one's wait: to its answer, less its own run
-            _calibrate(queue, p, (done_s - p.enqueued_s) * 1000.0 - queue.latency_ms(p.rows), done_s)
         offset = 0
         for p in batch:
+            _calibrate(queue, p, done_s, queue.latency_ms)
             share = outputs[offset : offset + p.rows]
             offset += p.rows
             if not p.future.done():

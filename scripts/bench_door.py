@@ -63,15 +63,9 @@ def serve(mode: str, port: int) -> None:
     uvicorn.run(gate, host="127.0.0.1", port=port, log_level="warning", access_log=False, http=http)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def one(mode: str, rate_per_s: float, seconds: float) -> tuple[float, int]:
     """(server CPU seconds, refusals answered) over `seconds` of offered load."""
+    from tests.integration.conftest import free_port
     from tests.integration.load import BareOpenLoopLoad
 
     port = free_port()

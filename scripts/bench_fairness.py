@@ -11,14 +11,19 @@ What the noisy tenant's queries sustain back to back is measured once, before th
 answers in SLO and its 504s are in the summary). Passes when, in every run, the quiet tenant has
 >= 99 % of its queries answered in SLO and no 429, and the noisy one nothing but 200 and 429
 (every 429 with Retry-After).
+
+`--kill-worker-at S`: in the last run, SIGKILL the service's Ray workers S seconds after the flood
+starts (a process killed halfway); that run is reported, not judged (its queries meet a reload).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +44,7 @@ def main() -> int:
     ap.add_argument("--quiet-rate", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--kill-worker-at", type=float, default=None, help="seconds into the last run's flood")
     args = ap.parse_args()
     if not (args.data_dir / "infaas.db").exists():
         print(
@@ -63,6 +69,11 @@ def main() -> int:
         url = f"{served.url}/v1/query"
         sustained: float | None = None  # measured before the first run, on a fresh service
         for i in range(args.runs):
+            killing = args.kill_worker_at is not None and i == args.runs - 1
+            if killing:
+                # The flood starts at once here unless this is the only run (the capacity check first).
+                killer = threading.Thread(target=kill_workers, args=(served.pid, args.kill_worker_at))
+                killer.start()
             run = noisy_neighbour(
                 url,
                 quiet_key,
@@ -83,8 +94,9 @@ def main() -> int:
                 and set(s["noisy_statuses"]) <= {200, 429}
                 and all(o.retry_after_s for o in noisy_429)
             )
-            ok &= passed
-            print(f"run {i + 1}: {'PASS' if passed else 'FAIL'} {json.dumps(s)}", flush=True)
+            verdict = "KILLED (not judged)" if killing else "PASS" if passed else "FAIL"
+            ok &= passed or killing
+            print(f"run {i + 1}: {verdict} {json.dumps(s)}", flush=True)
             kinds: dict[str, int] = {}
             for o in run.quiet.outcomes + noisy_429[:: max(1, len(noisy_429) // 200)]:
                 if o.status != 200 and o.body:
@@ -92,8 +104,25 @@ def main() -> int:
                     kinds[key] = kinds.get(key, 0) + 1
             for detail, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
                 print(f"    {n:5d} x {detail}")
+            # The flood's other answers one by one, timed from its first query: when in the
+            # flood a 504 comes (its onset, a stall) is what tells its causes apart.
+            start_s = min((o.sent_s for o in run.noisy.outcomes), default=0.0)
+            for o in [o for o in run.noisy.outcomes if o.status not in (200, 429)][:10]:
+                detail = str((o.body or {}).get("detail", ""))[:110]
+                print(f"    flood +{o.sent_s - start_s:6.2f} s {o.status}: {detail}")
     print("bench_fairness:", "PASS" if ok else "FAIL", f"({args.runs} runs)")
     return 0 if ok else 1
+
+
+def kill_workers(service_pid: int, after_s: float) -> None:
+    """SIGKILL the Ray workers in `service_pid`'s process tree (not any other Ray on the host)."""
+    import psutil
+
+    time.sleep(after_s)
+    for proc in psutil.Process(service_pid).children(recursive=True):
+        if "ray::WorkerHost" in " ".join(proc.cmdline()):
+            print(f"    SIGKILL {proc.pid} ({after_s:g} s into the flood)", flush=True)
+            proc.send_signal(signal.SIGKILL)
 
 
 if __name__ == "__main__":

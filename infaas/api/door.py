@@ -248,15 +248,15 @@ class DoorProtocol(HttpToolsProtocol):
             self._unread = bytearray()
             return
         if turn or reads.may_read(now_s):
-            chunk = bytes(self._unread[:_CHUNK])
-            del self._unread[:_CHUNK]  # cheap at a bytearray's start
-            super().data_received(chunk)
-            # A request let in is read whole: paced, a pipelined query's body came 0.5 s after
-            # its turn in the app under a 10x flood, and it was dropped at its deadline (504).
-            while self._admitted_body and self._unread and not self.transport.is_closing():
+            # One chunk, and more while a request let in is still being read: paced, a pipelined
+            # query's body came 0.5 s after its turn in the app under a 10x flood, and it was
+            # dropped at its deadline (504).
+            while True:
                 chunk = bytes(self._unread[:_CHUNK])
-                del self._unread[:_CHUNK]
+                del self._unread[:_CHUNK]  # cheap at a bytearray's start
                 super().data_received(chunk)
+                if not (self._admitted_body and self._unread) or self.transport.is_closing():
+                    break
             done_s = time.monotonic()
             if self._refused:
                 reads.pacer.spend(done_s - now_s, done_s)
@@ -274,7 +274,7 @@ class DoorProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._refused = False
-        self._admitted_body = False
+        self._admitted_body = True  # unless `_answer` refuses it
         if not self.draining():
             # Behind a request still in progress on this connection (pipelining), a refusal
             # waits for its turn: answered now, it would overtake that one's answer.
@@ -287,7 +287,6 @@ class DoorProtocol(HttpToolsProtocol):
                     self._answer(refused, behind)
                     return
             self.scope["state"][_PASSED] = True
-            self._admitted_body = True
             if not behind and self._on_lane():
                 self._unset_keepalive_if_required()
                 keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
@@ -297,7 +296,6 @@ class DoorProtocol(HttpToolsProtocol):
         # A refusal answered earlier in this read armed the keep-alive timeout; a request that
         # follows it in the same read must not be cut by it while it runs.
         self._unset_keepalive_if_required()
-        self._admitted_body = True
         super().on_headers_complete()
 
     def _on_lane(self) -> bool:
@@ -368,6 +366,7 @@ class DoorProtocol(HttpToolsProtocol):
             (b"retry-after", retry_after_s(refused).encode()),
         ]
         self._refused = True
+        self._admitted_body = False
         # A client waiting for "100 Continue" has not sent the body the parser now expects; a
         # request without keep-alive asked for the close. 429: `Overloaded`'s status (api/errors.py).
         keep_alive = not self.expect_100_continue and self.parser.should_keep_alive()

@@ -264,9 +264,10 @@ class InFlight:
 QUANTUM_SHARE = 0.15
 """A shared variant's batch runs for at most this share of the tightest target among the tenants
 that use it (`quantum_rows`). 0.15, not 0.25, since the door refuses a flood's pipelined queries
-in the HTTP parser (701d9df): the flood's answered/s did not fall (353-528 against 289-410 at
-0.25) and the quiet tenant's p99 went from 38-57 ms to 21-27 ms beside it (bench_fairness,
-docs/benchmarks.md). Before that change the same cut cost the flood a fifth of its answers."""
+in the HTTP parser (701d9df): the flood's answered/s did not fall (353-507 against 290-506 at
+0.25 with that door) and the quiet tenant's p99 went from 38-57 ms to 21-28 ms beside it
+(bench_fairness, 9 and 12 runs, docs/benchmarks.md). Before that change the same cut cost the
+flood a fifth of its answers."""
 
 
 def quantum_rows(latency_ms: LatencyFn, max_batch: int, budgets_ms: Sequence[float]) -> int:

@@ -392,3 +392,46 @@ async def test_requests_that_waited_longer_than_predicted_lengthen_the_next_pred
     assert plain == pytest.approx(10.0)  # the running batch's 10 ms
     assert await _delay_after_waits(5.0) == pytest.approx(2.0 * plain)  # they waited twice that
     assert await _delay_after_waits(20.0) == pytest.approx(plain)  # shorter than predicted: not less
+
+
+async def _delay_after_an_outage(predicted_wait_ms: float) -> float:
+    """The queueing predicted behind a running batch after 30 requests with a 60 ms budget waited
+    1.5 s (a lost worker's batch ahead of them, retried on a reloaded replica) against
+    `predicted_wait_ms`."""
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant(max_batch=1)
+    p = make_profile(v).model_copy(update={"points": (point(1, 10.0), point(8, 10.0))})
+    slow = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+    await settle()
+    deadline_s = timer.now_s() + 0.060
+    stuck = [
+        asyncio.create_task(batcher.submit(v, p, rows(2.0), deadline_s, predicted_wait_ms=predicted_wait_ms))
+        for _ in range(30)
+    ]
+    await settle()
+    timer.advance(1.5)
+    pool.release()
+    await slow
+    await settle()
+    for task in stuck:
+        with pytest.raises(DeadlineExceeded):
+            await task
+    running = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
+    await settle()
+    timer.advance(0.1)  # the estimate refreshes (every 50 ms); the running batch is still out
+    delay_ms = batcher.queue_delay_ms(v.name)
+    pool.release()
+    await running
+    await batcher.close()
+    return delay_ms
+
+
+async def test_a_wait_counts_at_most_the_requests_whole_budget() -> None:
+    """As drops at the deadline do, the requests that waited out a lost worker count as late by
+    their whole budget: 60 ms against 10 predicted, 6x, not 150x (uncapped, a worker killed
+    mid-flood put the predictions at 0.9-31 s for 2 s)."""
+    plain = await _delay_after_an_outage(0.0)
+    assert plain > 0.0
+    assert await _delay_after_an_outage(10.0) == pytest.approx(6.0 * plain)

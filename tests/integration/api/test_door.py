@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from infaas.api.door import PacedReads, QueryDoor, door_protocol
 from infaas.errors import Overloaded
 from infaas.policy.shedding import RefusalPacer
+from tests.integration.conftest import free_port
 
 SHED = b"Bearer shed-me"
 
@@ -67,9 +68,7 @@ async def _query(request: Request) -> JSONResponse:
 def served() -> Iterator[tuple[int, ShedByKey]]:
     app = Starlette(routes=[Route("/v1/query", _query, methods=["POST"])])
     door = ShedByKey(app)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(
         door, host="127.0.0.1", port=port, log_level="warning", http=door_protocol(door, lambda: False)
     )
@@ -243,9 +242,7 @@ def paced() -> Iterator[Paced]:
     """A server whose refusals may take 5 % of its loop (answers are always in flight here)."""
     app = Starlette(routes=[Route("/v1/query", _query, methods=["POST"])])
     door = ShedByKey(app)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     served = Paced(port, door)
     reads = PacedReads(RefusalPacer(share=0.05, burst_s=0.001), lambda: True, served.deferred.append)
     protocol = door_protocol(door, lambda: False, reads=reads)

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from infaas.api.door import QueryDoor, door_protocol
 from tests.integration.api.test_door import _request, _responses, serving
+from tests.integration.conftest import free_port
 
 LIMIT = 100_000
 
@@ -65,9 +66,7 @@ def served() -> Iterator[Served]:
     app = Starlette(routes=[Route("/v1/query", _app_query, methods=["POST"])])
     door = QueryDoor(app)  # type: ignore[arg-type]  # no data plane: it sheds nothing
     lane, draining = Lane(), [False]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     protocol = door_protocol(door, lambda: draining[0], lane, LIMIT)
     config = uvicorn.Config(door, host="127.0.0.1", port=port, log_level="critical", http=protocol)
     server = uvicorn.Server(config)
