@@ -45,7 +45,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,7 @@ import numpy as np
 from starlette.requests import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.integration.conftest import free_port, wait_until_idle  # free_port skips Ray's fixed ports
 from tests.integration.load import take_replies  # the load tests' HTTP/1.1 reply parser
 
 FEATURES = 64
@@ -348,13 +348,6 @@ def direct_batching(workdir: Path, concurrency: int, seconds: float, rounds: int
 
 
 # ---- load generation -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _post(session: Any, server: Server) -> tuple[float, int | None]:
@@ -755,17 +748,8 @@ def settle(server: Server, idle_cores: float = 0.3, timeout_s: float = 30.0) -> 
     the front ends join it (~1 s of CPU each), and a window that began then measured their
     start-up (0.35-0.65 core of "workers") as the server's. Not under 0.1 core: a `--workers 2`
     service with no queries stayed above that for the whole 30 s in three of five rounds."""
-    deadline = time.monotonic() + timeout_s
-    quiet = 0
-    while time.monotonic() < deadline:
-        before = cpu_seconds(server)
-        time.sleep(1.0)
-        after = cpu_seconds(server)
-        busy = sum(after[k] - before[k] for k in ("front end", "workers", "daemons"))
-        quiet = quiet + 1 if busy < idle_cores else 0
-        if quiet == 2:
-            return
-    print(f"  ({server.kind} still busy after {timeout_s:.0f} s; measuring anyway)", flush=True)
+    if not wait_until_idle(server.proc.pid, idle_cores, timeout_s):
+        print(f"  ({server.kind} still busy after {timeout_s:.0f} s; measuring anyway)", flush=True)
 
 
 def stop_server(server: Server) -> None:

@@ -44,6 +44,40 @@ def free_port() -> int:
             return port
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by process `pid` and its descendants (those alive now)."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def wait_until_idle(pid: int, idle_cores: float = 0.3, timeout_s: float = 30.0) -> bool:
+    """Wait until process `pid`'s tree uses under `idle_cores` for two seconds in a row (False:
+    still busy after `timeout_s`). A service's Ray workers and daemons start up for seconds after
+    its first queries (~1 s of CPU each); on 2 cores a measurement taken then measures them."""
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while time.monotonic() < deadline:
+        before = tree_cpu_seconds(pid)
+        time.sleep(1.0)
+        quiet = quiet + 1 if tree_cpu_seconds(pid) - before < idle_cores else 0
+        if quiet == 2:
+            return True
+    return False
+
+
 def create_key(url: str, admin_key: str, name: str, role: str = "tenant") -> str:
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60.0) as c:
         r = c.post("/v1/admin/tenants", json={"name": name, "role": role})
