@@ -92,9 +92,12 @@ def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
                     infeasible += 1
                     check_alternatives(exc, zoo_profiles, latency_ms, min_accuracy)
                     continue
-                except Overloaded as exc:
-                    # As a client would: back after its Retry-After. The edge targets below drive
-                    # answers late on purpose, and the path's estimate holds them for a moment.
+                except (Overloaded, DeadlineExceeded) as exc:
+                    # Once more, after a 429's Retry-After: the edge targets below drive answers
+                    # late on purpose, and the path's estimate holds them for a moment; and a
+                    # stall of the shared cores can expire one query anywhere (a 5 ms target
+                    # predicted to wait 0 ms waited 3.4 ms on a slow 2-core host). How often
+                    # answers come late on a quiet machine is bench_targets' measure, not this one.
                     time.sleep(min(1.0, float(exc.fields.get("retry_after_s") or 0.1)))
                     try:
                         result = client.query(
@@ -103,9 +106,6 @@ def test_a_grid_of_targets_gets_the_cheapest_feasible_variant(
                     except (Overloaded, DeadlineExceeded):
                         near_the_edge(zoo_profiles, latency_ms, min_accuracy)
                         continue
-                except DeadlineExceeded:
-                    near_the_edge(zoo_profiles, latency_ms, min_accuracy)
-                    continue
 
                 chosen.add(result.variant)
                 _, served = zoo_profiles[result.variant]
