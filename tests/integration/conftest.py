@@ -55,11 +55,9 @@ def tree_cpu_seconds(pid: int) -> float:
     except psutil.Error:
         return 0.0
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):  # one that exited meanwhile counts nothing
             t = proc.cpu_times()
             total += t.user + t.system
-        except psutil.Error:
-            pass
     return total
 
 
