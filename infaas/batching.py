@@ -152,6 +152,11 @@ class ManualTimer:
             entry.callback()
         self._now_s = target_s
 
+    def stall(self, seconds: float) -> None:
+        """Time passes and no callback fires (a blocked event loop); those due fire at the next
+        `advance`."""
+        self._now_s += seconds
+
     @property
     def pending(self) -> int:
         return sum(1 for e in self._heap if not e.cancelled)
@@ -196,6 +201,10 @@ class _VariantQueue:
 
     def latency_ms(self, rows: int) -> float:
         return self.profile.latency_ms(rows, "p99") * self.slowdown + self.overhead_ms
+
+    def floor_ms(self, rows: int) -> float:
+        """A batch's typical run (its p50): below it, a request's deadline is lost (doomed)."""
+        return self.profile.latency_ms(rows, "p50") * self.slowdown + self.overhead_ms
 
     @property
     def queued_rows(self) -> int:
@@ -376,7 +385,13 @@ class AsyncBatcher:
             now_s = self._timer.now_s()
             wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
-            decision = decide(queue.pending.items, latency, params, len(queue.in_flight), now_s)
+            decision = decide(
+                queue.pending.items, latency, params, len(queue.in_flight), now_s, queue.floor_ms, wait_ms
+            )
+            if decision.shed_requests:
+                for _ in range(decision.shed_requests):
+                    self._shed(queue, queue.pop(), now_s, wait_ms)
+                continue
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
                 return
@@ -389,6 +404,26 @@ class AsyncBatcher:
             task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch, wait_ms))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _shed(self, queue: _VariantQueue, item: _Pending, now_s: float, wait_ms: float) -> None:
+        """Refuse a doomed request (`policy.batching.decide`): 429 before its deadline, not
+        charged; at or past it, the 504 of `_expired`. Calibrated as a drop at the deadline: its
+        wait would have taken at least its whole budget."""
+        if item.future.done() or self._expired(queue, item, now_s):
+            return
+        _calibrate(queue, item, item.deadline_s)
+        left_ms = (item.deadline_s - now_s) * 1000.0
+        item.future.set_exception(
+            Overloaded(
+                f"{queue.variant.name}: its queue fell behind after this query was admitted (predicted "
+                f"to wait {item.admitted_wait_ms:.1f} ms, waited {(now_s - item.enqueued_s) * 1000.0:.1f} "
+                f"ms so far): sent now, it would answer after its deadline ({left_ms:.1f} ms left, "
+                f"{wait_ms:.1f} ms for a replica and {queue.floor_ms(item.rows):.1f} ms to run); refused "
+                "before it ran, not charged; retry",
+                variant=queue.variant.name,
+                retry_after_s=round(max(wait_ms, queue.floor_ms(item.rows)) / 1000.0, 3),
+            )
+        )
 
     @staticmethod
     def _expired(queue: _VariantQueue, item: _Pending, now_s: float) -> bool:

@@ -15,6 +15,16 @@ the decision says. A batch goes:
 and never while `max_in_flight` batches of the variant are already running (**busy**): the
 completion of one of them re-triggers the decision, so overload makes batches larger instead of
 flooding the workers with small ones.
+
+Before any of these, given the variant's typical run (`floor_ms`, its p50 and the wait for a
+replica), a request at the head of the queue that could not answer by its deadline even if it
+were sent now is refused (**doomed**: the batcher answers 429, or 504 if the deadline has passed),
+and while the variant is busy a timer is set for the moment the head would become so. Early drop,
+as Nexus (SOSP'19) does it: the request is refused before its deadline rather than at it, and no
+replica runs a batch its deadline has already lost. Why: under a 10x flood, queries admitted at
+the edge of their targets (predicted to wait 54-57 ms of 60) and held up behind batches slower
+than their profile waited out their deadlines in the queue and were answered 504 after 60-64 ms
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -72,7 +82,8 @@ class BatchDecision:
     send_requests: int
     send_rows: int
     wait_until_s: float | None
-    reason: Literal["empty", "busy", "full", "deadline", "idle", "wait"]
+    reason: Literal["empty", "doomed", "busy", "full", "deadline", "idle", "wait"]
+    shed_requests: int = 0  # doomed: refuse the first `shed_requests` queued requests
 
     @property
     def send(self) -> bool:
@@ -126,19 +137,48 @@ def _head(
     return lo, rows[lo - 1], total
 
 
+_ROUNDING_S = 1e-6
+"""Slack in the doomed rule for the float sums' rounding: a request sent at the deadline rule's
+latest moment (where a profile's p50 equals its p99) is on time."""
+
+
+def _doomed(queue: Sequence[Queued], floor_ms: LatencyFn, wait_ms: float, now_s: float) -> int:
+    """How many requests at the head of `queue` could not answer by their deadlines even if sent
+    now: `wait_ms` for a replica, then their typical run (`floor_ms`)."""
+    n = 0
+    for item in queue:
+        if now_s + (wait_ms + floor_ms(item.rows)) / 1000.0 <= item.deadline_s + _ROUNDING_S:
+            break
+        n += 1
+    return n
+
+
 def decide(
     queue: Sequence[Queued],
     latency_ms: LatencyFn,
     params: BatchParams,
     in_flight: int,
     now_s: float,
+    floor_ms: LatencyFn | None = None,
+    wait_ms: float = 0.0,
 ) -> BatchDecision:
-    """Send now or wait: see the module docstring for the rules, applied in the order busy, full,
-    deadline, idle, wait."""
+    """Send now or wait: see the module docstring for the rules, applied in the order doomed
+    (only given `floor_ms`, a batch's typical run without the wait for a replica, `wait_ms`, which
+    `latency_ms` includes), busy, full, deadline, idle, wait."""
     if not queue:
         return BatchDecision(0, 0, None, "empty")
+    if floor_ms is not None:
+        doomed = _doomed(queue, floor_ms, wait_ms, now_s)
+        if doomed:
+            return BatchDecision(0, 0, None, "doomed", doomed)
     if in_flight >= params.max_in_flight:
-        return BatchDecision(0, 0, None, "busy")
+        if floor_ms is None:
+            return BatchDecision(0, 0, None, "busy")
+        # Not doomed now, so its wait ends in time; if the batches ahead overrun it, it is just
+        # after this moment (a batch sent later answers after its deadline).
+        head = queue[0]
+        doomed_at_s = head.deadline_s - floor_ms(head.rows) / 1000.0 + 2 * _ROUNDING_S
+        return BatchDecision(0, 0, doomed_at_s, "busy")
     take_n, take_rows, total_rows = _head(queue, params.max_batch, latency_ms, now_s)
     if total_rows >= params.max_batch or take_n < len(queue):
         return BatchDecision(take_n, take_rows, None, "full")

@@ -10,7 +10,8 @@ test checks they are the very objects the service imports):
 - batching: `policy.batching.decide` on every arrival, completion and timer, with the in-flight
   cap of the batcher (replicas × batches in flight per replica), the predicted finish of each
   batch sent and the wait at a busy replica (the batcher's own `InFlight`), requests whose
-  deadline passed dropped (504), and `predicted_queue_delay_ms` as the queueing delay the router
+  deadline passed dropped (504), those at the head that could no longer meet it refused (429, the
+  policy's doomed rule), and `predicted_queue_delay_ms` as the queueing delay the router
   reads;
 - autoscaling: `policy.autoscaling.decide` every second on a `FleetSnapshot` built as
   `Autoscaler.snapshot` builds it (the service's `DemandWindow` over the last 5 s, fed the same
@@ -326,6 +327,7 @@ class _VQ:
         predicted = [0.0] + [p99[b] + overhead_ms for b in range(1, top)]
         self.predicted = predicted
         self.latency_ms: Callable[[int], float] = predicted.__getitem__
+        self.floor_ms: Callable[[int], float] = [p + overhead_ms for p in self.p50].__getitem__
         self.pending: deque[_Item] = deque()
         self.queued_rows = 0
         self.in_flight = batching_policy.InFlight()
@@ -735,6 +737,10 @@ class Simulation:
             return
         self._place(vq, self.now_s + vq.profile.load_time_s)
 
+    def _dropped(self, item: _Item, variant: str) -> None:
+        self._tenants[item.tenant].dropped += 1
+        self._meter(item.tenant, variant, "deadline_exceeded", item.rows, 0, item.slo)
+
     def _refused(self, tenant: int, variant: str, rows: int, slo: SLO) -> None:
         self._tenants[tenant].refused += 1
         self._meter(tenant, variant, "overloaded", rows, 0, slo)
@@ -779,8 +785,19 @@ class Simulation:
         while vq.pending:
             wait_ms, ahead = vq.in_flight.wait(now_s, servers)
             latency = vq.latency_ms if not wait_ms else functools.partial(_plus, vq.latency_ms, wait_ms)
-            decision = batch_policy(vq.pending, latency, vq.params, len(vq.in_flight), now_s)
+            decision = batch_policy(
+                vq.pending, latency, vq.params, len(vq.in_flight), now_s, vq.floor_ms, wait_ms
+            )
+            for _ in range(decision.shed_requests):  # doomed: 429, or 504 past the deadline
+                item = vq.pending.popleft()
+                vq.queued_rows -= item.rows
+                if now_s >= item.deadline_s:
+                    self._dropped(item, vq.name)
+                else:
+                    self._refused(item.tenant, vq.name, item.rows, item.slo)
             if not decision.send:
+                if decision.shed_requests:
+                    continue
                 self._arm(vq, decision.wait_until_s)
                 return
             batch: list[_Item] = []
@@ -789,15 +806,7 @@ class Simulation:
                 item = vq.pending.popleft()
                 vq.queued_rows -= item.rows
                 if now_s >= item.deadline_s:
-                    self._tenants[item.tenant].dropped += 1
-                    self._meter(
-                        item.tenant,
-                        vq.name,
-                        "deadline_exceeded",
-                        item.rows,
-                        0,
-                        item.slo,
-                    )
+                    self._dropped(item, vq.name)
                 else:
                     batch.append(item)
                     rows += item.rows

@@ -239,6 +239,32 @@ async def test_batches_go_where_the_placement_puts_their_variant() -> None:
     await batcher.close()
 
 
+async def test_a_request_that_cannot_meet_its_deadline_is_refused_before_it() -> None:
+    pool = RecordingPool(gated=True)
+    timer = ManualTimer()
+    batcher = AsyncBatcher(pool, timer=timer, max_in_flight=1, initial_overhead_ms=0.0)
+    v = make_variant()
+    p = make_profile(v)  # 2 ms a row
+    running = asyncio.create_task(batcher.submit(v, p, rows(1.0), timer.now_s() + 10.0))
+    await settle()
+    doomed = asyncio.create_task(batcher.submit(v, p, rows(2.0), timer.now_s() + 0.005))
+    on_time = asyncio.create_task(batcher.submit(v, p, rows(3.0), timer.now_s() + 10.0))
+    await settle()
+    timer.advance(0.0029)  # the first batch still runs; sent now, the 5 ms one would be in time
+    await settle()
+    assert not doomed.done()
+    timer.advance(0.0002)  # now it would not: refused (429) at once, not at its deadline
+    await settle()
+    with pytest.raises(Overloaded, match="refused before it ran, not charged"):
+        await doomed
+    pool.release()
+    await settle()
+    pool.release()
+    assert (await running).batch_rows == 1 and (await on_time).batch_rows == 1
+    assert [b[1].shape[0] for b in pool.batches] == [1, 1]  # the doomed request never reached a worker
+    await batcher.close()
+
+
 async def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_not_run() -> None:
     pool = RecordingPool(gated=True)
     timer = ManualTimer()
@@ -250,7 +276,7 @@ async def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_not_run()
     late = asyncio.create_task(batcher.submit(v, p, rows(2.0), timer.now_s() + 0.005))
     on_time = asyncio.create_task(batcher.submit(v, p, rows(3.0), timer.now_s() + 10.0))
     await settle()
-    timer.advance(0.010)  # the first batch is still running: the 5 ms deadline passes in the queue
+    timer.stall(0.010)  # the event loop blocked past the 5 ms deadline: no timer fired
     pool.release()
     await settle()
     pool.release()
@@ -415,8 +441,8 @@ async def _delay_after_an_outage(predicted_wait_ms: float) -> float:
     pool.release()
     await slow
     await settle()
-    for task in stuck:
-        with pytest.raises(DeadlineExceeded):
+    for task in stuck:  # refused once they could not meet their deadline, 10 ms before it
+        with pytest.raises(Overloaded):
             await task
     running = asyncio.create_task(batcher.submit(v, p, rows(1.0), 1e9))
     await settle()
@@ -429,8 +455,8 @@ async def _delay_after_an_outage(predicted_wait_ms: float) -> float:
 
 
 async def test_a_wait_counts_at_most_the_requests_whole_budget() -> None:
-    """As drops at the deadline do, the requests that waited out a lost worker count as late by
-    their whole budget: 60 ms against 10 predicted, 6x, not 150x (uncapped, a worker killed
+    """As drops at the deadline do, the requests refused while they waited out a lost worker
+    count as late by their whole budget: 60 ms against 10 predicted, 6x, not 150x (uncapped, a worker killed
     mid-flood put the predictions at 0.9-31 s for 2 s)."""
     plain = await _delay_after_an_outage(0.0)
     assert plain > 0.0

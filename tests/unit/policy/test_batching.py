@@ -1,4 +1,4 @@
-"""The batching policy: full, deadline, idle, busy and wait, plus properties over random queues."""
+"""The batching policy: doomed, full, deadline, idle, busy and wait, plus properties over random queues."""
 
 from __future__ import annotations
 
@@ -81,6 +81,62 @@ def test_a_batch_stops_where_one_more_request_would_miss_its_deadline() -> None:
 def test_oversized_request_goes_alone() -> None:
     d = decide([Req(20, 1.0), Req(1, 1.0)], LAT, BatchParams(max_batch=8), in_flight=0, now_s=0.0)
     assert (d.send_requests, d.send_rows, d.reason) == (1, 20, "full")
+
+
+FLOOR = linear(1.0, 0.1)  # the typical run: 1.1 ms for one row
+
+
+def test_a_head_request_that_cannot_meet_its_deadline_is_shed() -> None:
+    queue = [Req(1, 0.0100), Req(1, 0.0107), Req(1, 0.0500)]
+    params = BatchParams(max_batch=8, max_in_flight=1)
+    # sent now (t=9.5 ms) after 0.5 ms for a replica, the first two would answer at 11.1 ms
+    d = decide(queue, LAT, params, in_flight=0, now_s=0.0095, floor_ms=FLOOR, wait_ms=0.5)
+    assert (d.reason, d.shed_requests, d.send) == ("doomed", 2, False)
+    # without the wait, the second would be in time: only the first goes
+    d = decide(queue, LAT, params, in_flight=0, now_s=0.0095, floor_ms=FLOOR)
+    assert (d.reason, d.shed_requests) == ("doomed", 1)
+    # no floor, no shedding (the rule is the caller's to ask for)
+    assert decide(queue, LAT, params, in_flight=0, now_s=0.0095).reason != "doomed"
+
+
+def test_a_busy_variant_wakes_when_its_head_would_become_doomed() -> None:
+    queue = [Req(1, 0.0100), Req(1, 0.0500)]
+    params = BatchParams(max_batch=8, max_in_flight=1)
+    d = decide(queue, LAT, params, in_flight=1, now_s=0.0, floor_ms=FLOOR, wait_ms=2.0)
+    assert d.reason == "busy" and d.wait_until_s == pytest.approx(0.0100 - 0.0011, abs=1e-5)
+    # at that moment, still busy (the batch ahead overran): the head is shed
+    later = d.wait_until_s
+    assert later is not None
+    d = decide(queue, LAT, params, in_flight=1, now_s=later, floor_ms=FLOOR)
+    assert (d.reason, d.shed_requests) == ("doomed", 1)
+
+
+@given(
+    queue=st.lists(st.builds(Req, st.integers(1, 16), st.floats(0.0, 0.5)), min_size=1, max_size=40),
+    in_flight=st.integers(0, 2),
+    now_s=st.floats(0.0, 0.5),
+    wait_ms=st.floats(0.0, 50.0),
+    slope=st.floats(0.0, 2.0),
+)
+def test_shedding_takes_exactly_the_doomed_head(
+    queue: list[Req], in_flight: int, now_s: float, wait_ms: float, slope: float
+) -> None:
+    """Shed requests could not answer in time even sent now; the next one could, or it would be
+    shed too; a request that could is never shed."""
+    floor = linear(1.0, slope)
+    d = decide(
+        queue, linear(2.0, slope), BatchParams(max_batch=8, max_in_flight=2), in_flight, now_s, floor, wait_ms
+    )
+
+    def late(r: Req) -> bool:
+        return now_s + (wait_ms + floor(r.rows)) / 1000 > r.deadline_s + 1e-6
+
+    assert d.shed_requests == 0 or d.reason == "doomed"
+    assert all(late(r) for r in queue[: d.shed_requests])
+    if d.reason != "doomed":
+        assert not late(queue[0])
+    elif d.shed_requests < len(queue):
+        assert not late(queue[d.shed_requests])
 
 
 def test_params_are_validated() -> None:
