@@ -114,7 +114,14 @@ class DoorShedder:
 
 class LoopWatch:
     """Whether the event loop is busy: fed the times a timer set every `tick_s` really ran, it
-    says busy for `hold_s` after one that ran `late_s` late or more."""
+    says busy for `hold_s` after one that ran `late_s` late or more, and while the next one is
+    that late already (the loop is in a long pass now).
+
+    Why the second: at a flood's onset the loop's first passes took 47-68 ms each, every arrival
+    in them judged by admission at full price, and the door learned to refuse only once a tick
+    had come back late, a pass or two later; a batch that finished meanwhile was answered up to
+    227 ms after its queries were admitted, and queries queued behind it were answered 504
+    (docs/benchmarks.md, "Early drop")."""
 
     def __init__(self, tick_s: float = 0.01, late_s: float = 0.01, hold_s: float = 1.0) -> None:
         self.tick_s = tick_s
@@ -129,7 +136,9 @@ class LoopWatch:
         self._last_s = now_s
 
     def busy(self, now_s: float) -> bool:
-        return now_s < self._busy_until_s
+        if now_s < self._busy_until_s:
+            return True
+        return self._last_s is not None and now_s - self._last_s - self.tick_s >= self._late_s
 
     def mark(self, now_s: float) -> None:
         """Busy from now for `hold_s`, as after a late tick: the front end put work off (a

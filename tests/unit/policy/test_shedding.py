@@ -127,7 +127,17 @@ def test_the_loop_is_busy_for_a_second_after_a_late_timer() -> None:
         watch.tick(i * 0.01 + 0.001)
     assert not watch.busy(1.0)
     watch.tick(1.0 + 0.025)  # 15 ms late
+    for i in range(1, 110):  # then on time again
+        watch.tick(1.025 + i * 0.01)
     assert watch.busy(1.5) and not watch.busy(2.03)
+
+
+def test_the_loop_is_busy_while_its_next_timer_is_already_late() -> None:
+    """In a long pass of the loop, before the late timer has run to say so."""
+    watch = LoopWatch(tick_s=0.01, late_s=0.01, hold_s=1.0)
+    watch.tick(1.0)
+    assert not watch.busy(1.019)  # the next tick is due at 1.01: 9 ms late is not late
+    assert watch.busy(1.021)
 
 
 def test_the_loop_is_busy_for_a_second_after_work_is_put_off() -> None:
