@@ -385,12 +385,13 @@ class AsyncBatcher:
             now_s = self._timer.now_s()
             wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
+            typical_ms, _ = queue.in_flight.wait(now_s, queue.servers, typical=True)
             decision = decide(
-                queue.pending.items, latency, params, len(queue.in_flight), now_s, queue.floor_ms, wait_ms
+                queue.pending.items, latency, params, len(queue.in_flight), now_s, queue.floor_ms, typical_ms
             )
             if decision.shed_requests:
                 for _ in range(decision.shed_requests):
-                    self._shed(queue, queue.pop(), now_s, wait_ms)
+                    self._shed(queue, queue.pop(), now_s, typical_ms)
                 continue
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
@@ -400,7 +401,8 @@ class AsyncBatcher:
             if not batch:
                 continue
             batch_id = next(self._batch_ids)
-            queue.in_flight.sent(batch_id, now_s, wait_ms, queue.latency_ms(decision.send_rows), ahead)
+            run_ms, floor_ms = queue.latency_ms(decision.send_rows), queue.floor_ms(decision.send_rows)
+            queue.in_flight.sent(batch_id, now_s, wait_ms, run_ms, ahead, floor_ms)
             task = asyncio.get_running_loop().create_task(self._run(queue, batch_id, batch, wait_ms))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -16,8 +16,8 @@ and never while `max_in_flight` batches of the variant are already running (**bu
 completion of one of them re-triggers the decision, so overload makes batches larger instead of
 flooding the workers with small ones.
 
-Before any of these, given the variant's typical run (`floor_ms`, its p50 and the wait for a
-replica), a request at the head of the queue that could not answer by its deadline even if it
+Before any of these, given the variant's typical run (`floor_ms`, its p50; the wait for a replica
+at the running batches' typical runs too, `InFlight.wait(typical=True)`), a request at the head of the queue that could not answer by its deadline even if it
 were sent now is refused (**doomed**: the batcher answers 429, or 504 if the deadline has passed),
 and while the variant is busy a timer is set for the moment the head would become so. Early drop,
 as Nexus (SOSP'19) does it: the request is refused before its deadline rather than at it, and no
@@ -262,27 +262,44 @@ class InFlight:
     the queue ~420-500 ms behind within one 3 000-query burst, and admission refused a third of
     it while the variant kept up). The batcher and the simulator both keep one per variant."""
 
-    __slots__ = ("_behind", "finish_s")
+    __slots__ = ("_behind", "_slack_s", "finish_s")
 
     def __init__(self) -> None:
         self.finish_s: dict[int, float] = {}  # batch id → predicted finish
         self._behind: dict[int, tuple[int, float]] = {}  # waiting batch → (the one ahead, its run s)
+        self._slack_s: dict[int, float] = {}  # batch id → its predicted run less its typical one
 
     def __len__(self) -> int:
         return len(self.finish_s)
 
-    def wait(self, now_s: float, servers: int) -> tuple[float, int | None]:
+    def wait(self, now_s: float, servers: int, *, typical: bool = False) -> tuple[float, int | None]:
         """(ms a batch sent now waits at a replica, the batch it waits behind): (0, None) while
-        one of the `servers` replicas is free."""
+        one of the `servers` replicas is free. `typical`: with each batch's typical run (its
+        `floor_ms` when sent) in place of its predicted one, what the doomed rule reads."""
         if len(self.finish_s) < servers:
             return 0.0, None
-        latest = sorted(self.finish_s.items(), key=lambda item: item[1])[-servers:]
+        finish = self.finish_s
+        if typical:
+            slack = self._slack_s
+            finish = {b: f - slack.get(b, 0.0) for b, f in finish.items()}
+        latest = sorted(finish.items(), key=lambda item: item[1])[-servers:]
         ahead, finish_s = latest[0]
         return max(0.0, (finish_s - now_s) * 1000.0), ahead
 
-    def sent(self, batch_id: int, now_s: float, wait_ms: float, run_ms: float, ahead: int | None) -> None:
-        """`batch_id` left at `now_s`: it finishes after `wait_ms` behind `ahead`, then `run_ms`."""
+    def sent(
+        self,
+        batch_id: int,
+        now_s: float,
+        wait_ms: float,
+        run_ms: float,
+        ahead: int | None,
+        floor_ms: float | None = None,
+    ) -> None:
+        """`batch_id` left at `now_s`: it finishes after `wait_ms` behind `ahead`, then `run_ms`
+        (typically `floor_ms`)."""
         self.finish_s[batch_id] = now_s + (wait_ms + run_ms) / 1000.0
+        if floor_ms is not None:
+            self._slack_s[batch_id] = max(0.0, run_ms - floor_ms) / 1000.0
         if ahead is not None:
             self._behind[batch_id] = (ahead, run_ms / 1000.0)
 
@@ -290,6 +307,7 @@ class InFlight:
         """`batch_id` is back (or failed) at `now_s`: the batch waiting behind it starts now."""
         self.finish_s.pop(batch_id, None)
         self._behind.pop(batch_id, None)
+        self._slack_s.pop(batch_id, None)
         for waiting, (ahead, run_s) in list(self._behind.items()):
             if ahead == batch_id:
                 del self._behind[waiting]

@@ -785,8 +785,9 @@ class Simulation:
         while vq.pending:
             wait_ms, ahead = vq.in_flight.wait(now_s, servers)
             latency = vq.latency_ms if not wait_ms else functools.partial(_plus, vq.latency_ms, wait_ms)
+            typical_ms, _ = vq.in_flight.wait(now_s, servers, typical=True)
             decision = batch_policy(
-                vq.pending, latency, vq.params, len(vq.in_flight), now_s, vq.floor_ms, wait_ms
+                vq.pending, latency, vq.params, len(vq.in_flight), now_s, vq.floor_ms, typical_ms
             )
             for _ in range(decision.shed_requests):  # doomed: 429, or 504 past the deadline
                 item = vq.pending.popleft()
@@ -821,7 +822,7 @@ class Simulation:
         now_s = self.now_s
         self._batch_ids += 1
         batch_id = self._batch_ids
-        vq.in_flight.sent(batch_id, now_s, wait_ms, vq.latency_ms(send_rows), ahead)
+        vq.in_flight.sent(batch_id, now_s, wait_ms, vq.latency_ms(send_rows), ahead, vq.floor_ms(send_rows))
         if not vq.replicas:  # every replica was removed while it queued: the service fails it
             vq.in_flight.done(batch_id, now_s)
             for item in batch:

@@ -264,6 +264,18 @@ def test_in_flight_reanchors_the_batch_waiting_behind_one_that_is_back() -> None
     assert len(flight) == 0 and flight.wait(0.003, servers=1) == (0.0, None)
 
 
+def test_in_flight_typical_wait_takes_each_batchs_typical_run() -> None:
+    """The doomed rule's wait: the batch ahead predicted at 10 ms (its p99), typically 6 ms."""
+    flight = InFlight()
+    flight.sent(1, 0.0, 0.0, 10.0, None, floor_ms=6.0)
+    assert flight.wait(0.002, 1) == (pytest.approx(8.0), 1)
+    assert flight.wait(0.002, 1, typical=True) == (pytest.approx(4.0), 1)
+    flight.sent(2, 0.002, 8.0, 10.0, 1)  # no floor given: its typical run is its predicted one
+    assert flight.wait(0.002, 1, typical=True)[0] == pytest.approx(18.0)
+    flight.done(1, 0.003)
+    assert flight.wait(0.003, 1, typical=True) == (pytest.approx(10.0), 2)
+
+
 def test_in_flight_with_two_replicas_waits_for_the_earlier_of_their_last_batches() -> None:
     flight = InFlight()
     flight.sent(1, 0.0, 0.0, 5.0, None)
