@@ -17,10 +17,11 @@ completion of one of them re-triggers the decision, so overload makes batches la
 flooding the workers with small ones.
 
 Before any of these, given the variant's typical run (`floor_ms`, its p50; the wait for a replica
-at the running batches' typical runs too, `InFlight.wait(typical=True)`), a request at the head of the queue that could not answer by its deadline even if it
-were sent now is refused (**doomed**: the batcher answers 429, or 504 if the deadline has passed),
-and while the variant is busy a timer is set for the moment the head would become so. Early drop,
-as Nexus (SOSP'19) does it: the request is refused before its deadline rather than at it, and no
+at the running batches' typical runs too, `InFlight.wait(typical=True)`), a request at the head
+of the queue that could not answer by its deadline even if it were sent now is refused
+(**doomed**: the batcher answers 429, or 504 if the deadline has passed), and while the variant
+is busy a timer is set for the moment the head would become so. Early drop, as Nexus (SOSP'19)
+does it: the request is refused before its deadline rather than at it, and no
 replica runs a batch its deadline has already lost. Why: under a 10x flood, queries admitted at
 the edge of their targets (predicted to wait 54-57 ms of 60) and held up behind batches slower
 than their profile waited out their deadlines in the queue and were answered 504 after 60-64 ms
@@ -163,8 +164,8 @@ def decide(
     wait_ms: float = 0.0,
 ) -> BatchDecision:
     """Send now or wait: see the module docstring for the rules, applied in the order doomed
-    (only given `floor_ms`, a batch's typical run without the wait for a replica, `wait_ms`, which
-    `latency_ms` includes), busy, full, deadline, idle, wait."""
+    (only given `floor_ms`, a batch's typical run, and `wait_ms`, the typical wait for a replica;
+    `latency_ms` includes its own wait), busy, full, deadline, idle, wait."""
     if not queue:
         return BatchDecision(0, 0, None, "empty")
     if floor_ms is not None:
