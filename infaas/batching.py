@@ -385,13 +385,14 @@ class AsyncBatcher:
             now_s = self._timer.now_s()
             wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
-            typical_ms, _ = queue.in_flight.wait(now_s, queue.servers, typical=True)
+            # No wait at its predicted runs, none at the typical ones (each typical finish is earlier).
+            typical_ms = queue.in_flight.wait(now_s, queue.servers, typical=True)[0] if wait_ms else 0.0
             decision = decide(
                 queue.pending.items, latency, params, len(queue.in_flight), now_s, queue.floor_ms, typical_ms
             )
+            for _ in range(decision.shed_requests):
+                self._shed(queue, queue.pop(), now_s, typical_ms)
             if decision.shed_requests:
-                for _ in range(decision.shed_requests):
-                    self._shed(queue, queue.pop(), now_s, typical_ms)
                 continue
             if not decision.send:
                 self._arm(queue, decision.wait_until_s)
@@ -415,15 +416,16 @@ class AsyncBatcher:
             return
         _calibrate(queue, item, item.deadline_s)
         left_ms = (item.deadline_s - now_s) * 1000.0
+        run_ms = queue.floor_ms(item.rows)
         item.future.set_exception(
             Overloaded(
                 f"{queue.variant.name}: its queue fell behind after this query was admitted (predicted "
                 f"to wait {item.admitted_wait_ms:.1f} ms, waited {(now_s - item.enqueued_s) * 1000.0:.1f} "
                 f"ms so far): sent now, it would answer after its deadline ({left_ms:.1f} ms left, "
-                f"{wait_ms:.1f} ms for a replica and {queue.floor_ms(item.rows):.1f} ms to run); refused "
-                "before it ran, not charged; retry",
+                f"{wait_ms:.1f} ms for a replica and {run_ms:.1f} ms to run); refused before it ran, "
+                "not charged; retry",
                 variant=queue.variant.name,
-                retry_after_s=round(max(wait_ms, queue.floor_ms(item.rows)) / 1000.0, 3),
+                retry_after_s=round(max(wait_ms, run_ms) / 1000.0, 3),
             )
         )
 

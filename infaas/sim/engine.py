@@ -737,9 +737,15 @@ class Simulation:
             return
         self._place(vq, self.now_s + vq.profile.load_time_s)
 
-    def _dropped(self, item: _Item, variant: str) -> None:
+    def _pop(self, vq: _VQ) -> _Item | None:
+        """The head of `vq`'s queue, or None: its deadline passed in the queue (dropped, a 504)."""
+        item = vq.pending.popleft()
+        vq.queued_rows -= item.rows
+        if self.now_s < item.deadline_s:
+            return item
         self._tenants[item.tenant].dropped += 1
-        self._meter(item.tenant, variant, "deadline_exceeded", item.rows, 0, item.slo)
+        self._meter(item.tenant, vq.name, "deadline_exceeded", item.rows, 0, item.slo)
+        return None
 
     def _refused(self, tenant: int, variant: str, rows: int, slo: SLO) -> None:
         self._tenants[tenant].refused += 1
@@ -785,30 +791,24 @@ class Simulation:
         while vq.pending:
             wait_ms, ahead = vq.in_flight.wait(now_s, servers)
             latency = vq.latency_ms if not wait_ms else functools.partial(_plus, vq.latency_ms, wait_ms)
-            typical_ms, _ = vq.in_flight.wait(now_s, servers, typical=True)
+            typical_ms = vq.in_flight.wait(now_s, servers, typical=True)[0] if wait_ms else 0.0
             decision = batch_policy(
                 vq.pending, latency, vq.params, len(vq.in_flight), now_s, vq.floor_ms, typical_ms
             )
             for _ in range(decision.shed_requests):  # doomed: 429, or 504 past the deadline
-                item = vq.pending.popleft()
-                vq.queued_rows -= item.rows
-                if now_s >= item.deadline_s:
-                    self._dropped(item, vq.name)
-                else:
+                item = self._pop(vq)
+                if item is not None:
                     self._refused(item.tenant, vq.name, item.rows, item.slo)
+            if decision.shed_requests:
+                continue
             if not decision.send:
-                if decision.shed_requests:
-                    continue
                 self._arm(vq, decision.wait_until_s)
                 return
             batch: list[_Item] = []
             rows = 0
             for _ in range(decision.send_requests):
-                item = vq.pending.popleft()
-                vq.queued_rows -= item.rows
-                if now_s >= item.deadline_s:
-                    self._dropped(item, vq.name)
-                else:
+                item = self._pop(vq)
+                if item is not None:
                     batch.append(item)
                     rows += item.rows
             if not batch:
