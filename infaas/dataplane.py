@@ -11,6 +11,7 @@ they parse their wire format into an `InferenceRequest` and render the `Answer`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -99,7 +100,7 @@ def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
     """Rows as an array of the task's input shape and dtype, or `InvalidInput` saying what is
     wrong. Rows may also come flattened (one list of ``prod(shape)`` numbers each)."""
     spec = task.input_spec
-    dtype = np.dtype(spec.dtype)
+    dtype, limit, bounds = _dtype_limits(spec.dtype)
     if len(inputs) == 0:
         raise InvalidInput("inputs is empty: send at least one row", expected_shape=list(spec.shape))
     try:
@@ -132,15 +133,26 @@ def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
     if not math.isfinite(peak):
         bad = int(np.argwhere(~np.isfinite(arr.reshape(rows, -1)))[0][0])
         raise InvalidInput(f"inputs hold NaN or infinity (first in row {bad})", row=bad)
+    if bounds is not None:
+        low, high = bounds
+        if not (np.all(arr == np.round(arr)) and arr.min() >= low and arr.max() <= high):
+            raise InvalidInput(f"inputs must be integers in [{low}, {high}] ({spec.dtype})")
+    elif limit is not None and peak > limit:
+        raise InvalidInput(f"inputs overflow {spec.dtype} (|x| > {limit:g})")
+    return arr.astype(dtype, copy=False)
+
+
+@functools.cache
+def _dtype_limits(name: str) -> tuple[np.dtype[Any], float | None, tuple[int, int] | None]:
+    """An input dtype, the largest magnitude it holds if a float, its bounds if an integer: asked
+    per query, numpy's `issubdtype` and `finfo` took ~5 µs of it."""
+    dtype = np.dtype(name)
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
-        if not (np.all(arr == np.round(arr)) and arr.min() >= info.min and arr.max() <= info.max):
-            raise InvalidInput(f"inputs must be integers in [{info.min}, {info.max}] ({spec.dtype})")
-    elif np.issubdtype(dtype, np.floating):
-        limit = float(np.finfo(dtype).max)
-        if peak > limit:
-            raise InvalidInput(f"inputs overflow {spec.dtype} (|x| > {limit:g})")
-    return arr.astype(dtype, copy=False)
+        return dtype, None, (int(info.min), int(info.max))
+    if np.issubdtype(dtype, np.floating):
+        return dtype, float(np.finfo(dtype).max), None
+    return dtype, None, None
 
 
 def _counted(exc: Exception) -> Literal["refused", "failed"] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import operator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -271,6 +272,10 @@ class MachineInfo(_Value):
         return hashlib.sha256(self.fingerprint.encode()).hexdigest()[:12]
 
 
+_QUANTILE_ATTRS = {"p50": "p50_ms", "p95": "p95_ms", "p99": "p99_ms", "mean": "mean_ms"}
+_batch_of = operator.attrgetter("batch")
+
+
 class LatencyPoint(_Value):
     """Measured latency at one batch size."""
 
@@ -310,10 +315,10 @@ class Profile(_Value):
         pts = self.points
         if not pts:
             return float("inf")
-        batches = [p.batch for p in pts]
-        attr = f"{quantile}_ms"
-        i = bisect.bisect_left(batches, batch)
-        if i < len(pts) and batches[i] == batch:
+        attr = _QUANTILE_ATTRS[quantile]
+        # Asked several times on every query's routing: no list of the batch sizes built per call.
+        i = bisect.bisect_left(pts, batch, key=_batch_of)
+        if i < len(pts) and pts[i].batch == batch:
             return float(getattr(pts[i], attr))
         if i == 0:
             return float(getattr(pts[0], attr))

@@ -54,9 +54,9 @@ async def run(
 
         async def client(n: int) -> None:
             for _ in range(n):
-                response = await answer(app, headers, body, time.monotonic())
-                if response.status_code != 200:
-                    raise RuntimeError(f"answered {response.status_code}: {bytes(response.body)[:300]!r}")
+                status, _, reply = await answer(app, headers, body, time.monotonic())
+                if status != 200:
+                    raise RuntimeError(f"answered {status}: {reply[:300]!r}")
 
         await asyncio.gather(*(client(200 // concurrency + 1) for _ in range(concurrency)))  # warm-up
         each = max(1, queries // concurrency)

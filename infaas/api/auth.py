@@ -43,9 +43,11 @@ __all__ = [
     "KeyCache",
     "Principal",
     "TenantPrincipal",
+    "authenticate",
     "ensure_admin_key",
     "known_principal",
     "new_api_key",
+    "principal_for",
 ]
 
 KEY_CACHE_TTL_S = 5.0
@@ -186,13 +188,6 @@ def _token(header: str) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _bearer(request: Request) -> str:
-    token = _token(request.headers.get("authorization", ""))
-    if token is None:
-        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
-    return token
-
-
 def known_principal(cache: KeyCache, authorization: bytes, now_s: float) -> Principal | None:
     """The tenant a raw ``Authorization`` header names, if the cache holds its key fresh (None
     for an unknown or expired key, a malformed header, or the admin key, which is never cached)."""
@@ -208,15 +203,24 @@ async def authenticate(request: Request) -> Principal:
     passed = request.scope.get("state", {}).get(PRINCIPAL_STATE)
     if passed is not None:  # the gate authenticated this request before its body was read
         return passed  # type: ignore[no-any-return]
-    token = _bearer(request)
-    admin_key: str = request.app.state.admin_key
+    return await principal_for(request.app.state, request.headers.get("authorization", ""))
+
+
+async def principal_for(state: Any, authorization: str) -> Principal:
+    """`authenticate` on an ``Authorization`` header's value, with the app's `state` (its admin
+    key, key cache and store): the query's lane calls it on the header as parsed, with no
+    `Request` built."""
+    token = _token(authorization)
+    if token is None:
+        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+    admin_key: str = state.admin_key
     if hmac.compare_digest(token.encode(), admin_key.encode()):
         return Principal(name="admin", role="admin")
-    cache: KeyCache = request.app.state.key_cache
+    cache: KeyCache = state.key_cache
     digest = KeyCache.digest(token)
     now_s = time.monotonic()
     principal = cache.get(digest, now_s)
-    store: MetadataStore = request.app.state.store
+    store: MetadataStore = state.store
     if principal is None:
         known = cache.known(digest)
         if known is not None:

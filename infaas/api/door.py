@@ -55,13 +55,31 @@ from infaas.dataplane import DataPlane
 from infaas.errors import Overloaded
 from infaas.policy.shedding import RefusalPacer
 
-__all__ = ["DoorProtocol", "Lane", "PacedReads", "QueryDoor", "door_protocol", "is_query"]
+__all__ = [
+    "DoorProtocol",
+    "Lane",
+    "PacedReads",
+    "QueryDoor",
+    "Reply",
+    "as_reply",
+    "door_protocol",
+    "is_query",
+]
 
 log = logging.getLogger(__name__)
 
-Lane = Callable[[list[tuple[bytes, bytes]], bytes, float], Awaitable[Response]]
+Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
+"""A whole HTTP answer as the lane writes it: status, headers (after the server's own), body."""
+
+Lane = Callable[[list[tuple[bytes, bytes]], bytes, float], Awaitable[Reply]]
 """A query's answer from its headers, its whole body and when it was received (monotonic seconds):
 `infaas.api.routes.query.answer` bound to the app."""
+
+
+def as_reply(response: Response) -> Reply:
+    """A rendered `Response` (an error's) as a `Reply`."""
+    return response.status_code, response.raw_headers, bytes(response.body)
+
 
 _PASSED = "infaas.door_passed"
 """Set in a request's ASGI ``state`` by `DoorProtocol` when it let the request in: `QueryDoor`
@@ -343,10 +361,10 @@ class DoorProtocol(HttpToolsProtocol):
         # SLO; with this stamp 71-89 %, median 88 %; without the lane 59-83 %, median 79 %).
         received_s = time.monotonic()
         try:
-            response = await self.lane(cycle.headers, bytes(cycle.body), received_s)
+            status, headers, body = await self.lane(cycle.headers, bytes(cycle.body), received_s)
         except Exception as exc:  # as the app's outermost handler does: logged, a JSON 500
             log.exception("POST /v1/query failed")
-            response = internal_error(exc)
+            status, headers, body = as_reply(internal_error(exc))
         if cycle.disconnected:
             cycle.response_complete = True
             return
@@ -355,7 +373,7 @@ class DoorProtocol(HttpToolsProtocol):
         cycle.response_complete = True
         # Once the server drains, a reused keep-alive connection would meet a closed socket.
         keep_alive = cycle.keep_alive and not self.draining()
-        self._reply(response.status_code, response.raw_headers, bytes(response.body), keep_alive)
+        self._reply(status, headers, body, keep_alive)
 
     def _answer(self, refused: Overloaded, behind: bool = False) -> None:
         """Answer a refused request now, or once the requests ahead of it are answered (`behind`)."""

@@ -32,10 +32,9 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infaas.api.door import PacedReads, QueryDoor, door_protocol
+from infaas.api.door import PacedReads, QueryDoor, Reply, door_protocol
 from infaas.api.routes import query
 from infaas.errors import Unavailable
 from infaas.policy.shedding import RefusalPacer
@@ -183,7 +182,7 @@ def run(app: FastAPI, settings: Settings, *, reuse_port: bool = False) -> int:
     gate = DrainGate(door)
     app.state.readiness_checks["accepting"] = lambda: not gate.draining
 
-    async def lane(headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Response:
+    async def lane(headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Reply:
         gate.in_flight += 1  # the drain waits for it as for a request through the gate
         try:
             return await query.answer(app, headers, body, received_s)

@@ -20,22 +20,23 @@ in `router` stays for the OpenAPI document; a request never reaches it.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infaas.api.auth import authenticate
+from infaas.api.auth import authenticate, principal_for
+from infaas.api.door import Reply, as_reply
 from infaas.api.errors import _validation_detail, error_response
 from infaas.api.limits import limited_receive, too_large
 from infaas.api.openapi import QUERY_ROUTE
 from infaas.api.schemas import QueryRequest, QueryResponse
 from infaas.dataplane import DataPlane, InferenceRequest
 from infaas.errors import InfaasError, InvalidInput
-from infaas.types import SLO
+from infaas.types import SLO, Principal
 
 __all__ = ["QueryLane", "ReceiptStamp", "answer", "router"]
 
@@ -81,26 +82,20 @@ class QueryLane:
         await response(scope, receive, send)
 
 
-async def answer(app: Any, headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Response:
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def answer(app: Any, headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Reply:
     """The answer to a ``POST /v1/query`` whose headers (lower-case names, as uvicorn parses them)
-    and whole body the HTTP protocol has read: `query` on them, an `InfaasError` as its JSON
-    answer. Anything else propagates (the caller answers a JSON 500)."""
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/query",
-        "app": app,
-        "headers": headers,
-        "state": {_RECEIVED: received_s},
-    }
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": body, "more_body": False}
-
+    and whole body the HTTP protocol has read: what `query` answers, without its `Request`, an
+    `InfaasError` as its JSON answer. Anything else propagates (the caller answers a JSON 500)."""
+    authorization = next((value for name, value in headers if name == b"authorization"), b"")
     try:
-        return await query(Request(scope, receive))
+        principal = await principal_for(app.state, authorization.decode("latin-1"))
+        answered = await _answered(app.state.dataplane, principal, body, received_s)
     except InfaasError as exc:
-        return error_response(exc)
+        return as_reply(error_response(exc))
+    return 200, [_JSON_TYPE, (b"content-length", b"%d" % len(answered))], answered
 
 
 def _parse_request(body: bytes) -> QueryRequest:
@@ -135,9 +130,14 @@ async def query(request: Request) -> Response:
     # The same check as the `TenantPrincipal` dependency (any valid key), called directly: this
     # handler is served by `QueryLane`, which resolves no dependencies.
     principal = await authenticate(request)
-    dataplane: DataPlane = request.app.state.dataplane
+    body = await _answered(request.app.state.dataplane, principal, await request.body(), received_s)
+    return Response(body, media_type="application/json")
+
+
+async def _answered(dataplane: DataPlane, principal: Principal, body: bytes, received_s: float) -> bytes:
+    """`principal`'s query in `body` answered by the data plane, as the JSON body of its 200."""
     try:
-        req = _parse_request(await request.body())
+        req = _parse_request(body)
     except InvalidInput as exc:
         dataplane.record_failure(principal, "", exc, received_s)
         raise
@@ -157,5 +157,4 @@ async def query(request: Request) -> Response:
             variant=req.variant,
         ),
     )
-    body = {"outputs": answer.outputs.tolist(), **answer.decision()}
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    return orjson.dumps({"outputs": answer.outputs.tolist(), **answer.decision()})

@@ -19,10 +19,10 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from infaas.api.door import QueryDoor, door_protocol
+from infaas.api.door import QueryDoor, Reply, as_reply, door_protocol
 from tests.integration.api.test_door import _request, _responses, serving
 from tests.integration.conftest import free_port
 
@@ -38,7 +38,7 @@ class Lane:
     answered: int = 0
     tasks_seen: list[int] = field(default_factory=list)
 
-    async def __call__(self, headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Response:
+    async def __call__(self, headers: list[tuple[bytes, bytes]], body: bytes, received_s: float) -> Reply:
         assert received_s <= time.monotonic()
         named = dict(headers)
         self.tasks_seen.append(len(self.tasks))
@@ -46,7 +46,7 @@ class Lane:
         if b"x-fail" in named:
             raise RuntimeError("the lane failed")
         self.answered += 1
-        return JSONResponse({"lane": True, "bytes": len(body)})
+        return as_reply(JSONResponse({"lane": True, "bytes": len(body)}))
 
 
 async def _app_query(request: Request) -> JSONResponse:

@@ -6,6 +6,7 @@ real uvicorn and real models is in tests/integration/test_query_path.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from fastapi import FastAPI
 from infaas.api import create_app
 from infaas.api.auth import KeyCache, Principal
 from infaas.api.door import QueryDoor
+from infaas.api.routes.query import answer
 from infaas.settings import Settings
 from infaas.store import MemoryStore
 from infaas.types import COUNTER_COST_PUSD, COUNTER_QUERIES, COUNTER_REFUSED, Architecture, InputSpec, Task
@@ -173,6 +175,32 @@ def test_answers_on_the_cheapest_feasible_variant_with_the_decision(
         post(client, keys["t1"], q(min_accuracy=0.95, inputs=[[1, 2, 3, 4]]))[1]["variant"]
         == "sharp/sklearn-cpu-fp32-t1"
     )
+
+
+def test_the_lanes_answer_is_the_apps_with_its_length(
+    api: tuple[AppClient, MemoryStore, dict[str, str]],
+) -> None:
+    """`answer` (what `infaas serve`'s HTTP lane writes, no ASGI cycle) answers as the app's route
+    does, a 200 and an error alike, and says its body's length: without it a keep-alive client
+    waits for the end of the body forever."""
+    client, _, keys = api
+    post(client, keys["t1"], q())  # the variant's load
+    cases = [(keys["t1"], q(variant="cheap/onnx-cpu-fp32-t1")), (keys["t1"], q(task="nope")), ("bad", q())]
+    for key, body in cases:
+        raw = json.dumps(body).encode()
+        headers = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+        status, reply_headers, reply = client._loop.run_until_complete(
+            answer(client.app, headers, raw, time.monotonic())
+        )
+        via_app = client.post("/v1/query", content=raw, headers={k.decode(): v.decode() for k, v in headers})
+        named = dict(reply_headers)
+        assert status == via_app.status_code, (status, reply)
+        assert named[b"content-length"] == str(len(reply)).encode()
+        assert named[b"content-type"] == b"application/json"
+        got, expected = json.loads(reply), via_app.json()
+        for volatile in ("latency_ms",):  # measured per query
+            got.pop(volatile, None), expected.pop(volatile, None)
+        assert got == expected
 
 
 def test_pinned_architecture_and_variant(api: tuple[AppClient, MemoryStore, dict[str, str]]) -> None:
