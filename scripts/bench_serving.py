@@ -380,7 +380,8 @@ async def _wait_ready(server: Server, timeout_s: float) -> None:
 
 def cpu_seconds(server: Server) -> dict[str, float]:
     """CPU seconds used so far by the load generator (this process), the server's own process
-    (the front end), its Ray worker processes and the rest of its tree (Ray's daemons)."""
+    and its front-end children (the front end), its Ray worker processes and the rest of its tree
+    (Ray's daemons)."""
     import psutil
 
     def used(proc: psutil.Process) -> float:
@@ -403,10 +404,13 @@ def cpu_seconds(server: Server) -> dict[str, float]:
         pass
     for child in root.children(recursive=True):
         try:
-            title = child.name() + " " + " ".join(child.cmdline()[:1])
+            name, cmdline = child.name(), child.cmdline()
         except psutil.Error:
             continue
-        out["workers" if "ray::" in title else "daemons"] += used(child)
+        # `serve --workers N` starts its front ends as children with --reuse-port.
+        ray_worker = "ray::" in name + " " + " ".join(cmdline[:1])
+        part = "workers" if ray_worker else "front end" if "--reuse-port" in cmdline else "daemons"
+        out[part] += used(child)
     return out
 
 
