@@ -6,8 +6,9 @@ checks, routing, batching, the charge, the SLO verdict, metering), then render i
 outermost middleware) to the moment its reply is built.
 
 `infaas serve` answers it in its HTTP protocol (`infaas.api.door.DoorProtocol`'s lane, through
-`answer`): once a query's headers and body are read, the protocol calls `query` and writes its
-answer itself, with no ASGI cycle, task wrapper, middleware or response object in between;
+`answer`): once a query's headers and body are read, the protocol calls `answer`, which does what
+`query` does on the raw header and body (no `Request`, no `Response`: its answer is bytes), and
+writes it itself, with no ASGI cycle, task wrapper or middleware in between;
 ``latency_ms`` then counts from when its task starts, as from `ReceiptStamp` (door.py says why
 not from its parsed headers). What the lane does not take (a body without a
 Content-Length, over the limit, or behind ``Expect: 100-continue``; a request pipelined behind
