@@ -80,7 +80,8 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
 
     rows_of = {task: zoo.load_split(task).x_test for task in trace.tasks}
     out: dict[str, Any] = {
-        "sent": 0, "infeasible": 0, "in_slo": 0, "late": 0, "refused": 0, "failed": 0, "charged_usd": 0.0,
+        "sent": 0, "infeasible": 0, "in_slo": 0, "late": 0, "refused": 0, "at_door": 0, "failed": 0,
+        "charged_usd": 0.0,
     }  # fmt: skip
     why: Counter[str] = Counter()  # the refusals' and failures' details, numbers blanked
     example: dict[str, str] = {}  # one of each, numbers kept
@@ -110,6 +111,7 @@ async def replay(server: Server, trace: Trace, keys: dict[str, str], pins: dict[
             out["infeasible"] += 1
         else:
             out["refused" if status == 429 else "failed"] += 1
+            out["at_door"] += bool(status == 429 and answer.get("at_door"))
             detail = str(answer.get("detail", ""))
             kind = f"{status} " + re.sub(r"[0-9.]+", "#", detail)[:160]
             why[kind] += 1
@@ -174,13 +176,24 @@ def _fleet_usd(base: str) -> float:
         return total
 
 
-def sim_config(frontend_ms: float) -> SimConfig:
+def sim_config(frontend_ms: float, door_ms: float | None = None) -> SimConfig:
     """This machine as the simulation sees it: one worker of its cores."""
-    return SimConfig(workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms)
+    return SimConfig(workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms, door_ms=door_ms)
 
 
-def run_sim(zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float) -> dict[str, Any]:
-    res = Simulation(zoo, trace, mode, sim_config(frontend_ms)).run()
+def judged_ms(real: dict[str, Any], per_query_ms: float, door_ms: float | None) -> float:
+    """The front end's time a query admission judged, from its time a query sent (`per_query_ms`)
+    less what the door's refusals took at `door_ms` each (None: no door, every query alike)."""
+    if door_ms is None:
+        return per_query_ms
+    judged = max(real["sent"] - real["at_door"], 1)
+    return max(0.0, per_query_ms * real["sent"] - door_ms * real["at_door"]) / judged
+
+
+def run_sim(
+    zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float, door_ms: float | None = None
+) -> dict[str, Any]:
+    res = Simulation(zoo, trace, mode, sim_config(frontend_ms, door_ms)).run()
     t = res.total
     return {
         "sent": t.queries,
@@ -220,6 +233,15 @@ def main() -> None:
         "and the Ray worker). A fixed 0.375 ms before (1 / bench_serving's c=64 req/s)",
     )
     parser.add_argument(
+        "--door-ms",
+        type=float,
+        default=0.08,
+        help="the front end's time a refusal at the door takes in the simulation (SimConfig.door_ms; "
+        "scripts/bench_door measured 75-78 µs); the rest of the measured time a query is spread over "
+        "the queries admission judged",
+    )
+    parser.add_argument("--no-door", action="store_true", help="simulate without the door, as before")
+    parser.add_argument(
         "--slack-ms",
         type=float,
         default=10.0,
@@ -245,18 +267,24 @@ def main() -> None:
                 pins = Simulation(zoo, trace, mode, sim_config(0.0)).pins
                 print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
                 real = run_real(data_dir, work, mode, trace, pins, run=f"-{rate:g}")
+                door_ms = None if args.no_door else args.door_ms
+                frontend_ms = judged_ms(real, real["frontend_ms"], door_ms)
                 print(
                     f"    the front end a query: {real['frontend_ms']:.3f} ms of CPU, its event loop "
-                    f"{real['loop_ms']:.3f} ms running or waiting for a core"
+                    f"{real['loop_ms']:.3f} ms running or waiting for a core; {real['at_door']} of the "
+                    f"{real['refused']} 429s at the door"
+                    + ("" if door_ms is None else f" (a judged query {frontend_ms:.3f} ms of CPU)")
                 )
-                frontend_ms = real["frontend_ms"] if args.frontend_ms is None else args.frontend_ms
-                rows.append((mode, real, run_sim(zoo, trace, mode, frontend_ms)))
+                if args.frontend_ms is not None:
+                    frontend_ms = args.frontend_ms
+                rows.append((mode, real, run_sim(zoo, trace, mode, frontend_ms, door_ms)))
                 if args.frontend_ms is None:
                     # The bracket's other side: the front end's core as busy as the real loop's
                     # thread was, its waits for the shared cores included.
-                    waits = run_sim(zoo, trace, mode, real["loop_ms"])
+                    loop_ms = judged_ms(real, real["loop_ms"], door_ms)
+                    waits = run_sim(zoo, trace, mode, loop_ms, door_ms)
                     print(
-                        f"    simulated with the loop's {real['loop_ms']:.3f} ms a query: in SLO "
+                        f"    simulated with the loop's {loop_ms:.3f} ms a judged query: in SLO "
                         f"{waits['in_slo']}, 429 {waits['refused']} "
                         f"(real: {real['in_slo']}, {real['refused']})"
                     )

@@ -125,20 +125,20 @@ class LoopWatch:
 
     def __init__(self, tick_s: float = 0.01, late_s: float = 0.01, hold_s: float = 1.0) -> None:
         self.tick_s = tick_s
-        self._late_s = late_s
+        self.late_s = late_s
         self._hold_s = hold_s
         self._last_s: float | None = None
         self._busy_until_s = float("-inf")
 
     def tick(self, now_s: float) -> None:
-        if self._last_s is not None and now_s - self._last_s - self.tick_s >= self._late_s:
+        if self._last_s is not None and now_s - self._last_s - self.tick_s >= self.late_s:
             self._busy_until_s = now_s + self._hold_s
         self._last_s = now_s
 
     def busy(self, now_s: float) -> bool:
         if now_s < self._busy_until_s:
             return True
-        return self._last_s is not None and now_s - self._last_s - self.tick_s >= self._late_s
+        return self._last_s is not None and now_s - self._last_s - self.tick_s >= self.late_s
 
     def mark(self, now_s: float) -> None:
         """Busy from now for `hold_s`, as after a late tick: the front end put work off (a

@@ -44,7 +44,10 @@ What is simulated (the worker model), and how it departs from the service:
   processes.
 - `front_ends` front ends (`frontend_ms` of CPU per query each, a query to the one free first)
   share one set of batcher queues and one router view; the service's front ends keep their own
-  queues, fast-path copies and overhead estimates.
+  queues, fast-path copies and overhead estimates. With `door_ms` set, each tenant's door
+  (`policy.shedding.DoorShedder`, taught by admission's verdicts while the front end is behind,
+  `policy.shedding.LoopWatch`) refuses its share on arrival at `door_ms` of the front end's time;
+  the door's pacing of what it refuses (`RefusalPacer`) is not modelled.
 - Not modelled: memory budgets and LRU eviction, quarantine, the router's probes while refusing
   (the view's `probe_ready` is empty), the host's room for a spill (`room` None), the front end's
   limit and tenants' shares (`standing` None), retries by clients. A removed replica's running
@@ -85,6 +88,7 @@ from infaas.policy.autoscaling import Action, AutoscalingConfig, FleetSnapshot, 
 from infaas.policy.batching import BatchParams
 from infaas.policy.demand import DemandWindow, capacity_rows_per_s
 from infaas.policy.selection import Infeasible, LiveState, VariantTable
+from infaas.policy.shedding import DoorShedder, LoopWatch
 from infaas.policy.verdict import Query, View
 from infaas.sim.traces import Trace
 from infaas.sim.zoo import Zoo
@@ -153,6 +157,11 @@ class SimConfig:
     # serve --workers N`, or hosts of their own): a 100-worker fleet behind one Python front end
     # would measure the front end. Each runs the fast path's batches of the queries it took.
     front_ends: int = 1
+    # The door (`policy.shedding.DoorShedder`, one per tenant, as the data plane keeps): a query
+    # it refuses costs the front end `door_ms`, not `frontend_ms` (the service refuses it in its
+    # HTTP parser, its body unread: ~0.08 ms against ~0.25-0.7 for a query judged by admission).
+    # None: no door, every query judged by admission at `frontend_ms`.
+    door_ms: float | None = None
     # The GPU machine class: the last `gpu_workers` of the `workers` machines have `gpus` GPUs
     # each (and `cores` cores, which CPU replicas may use too). A GPU replica's share of a GPU is
     # `autoscaling.gpu_share`, as the service's is `INFAAS_GPU_PER_WORKER`.
@@ -173,6 +182,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cores < 1 or self.front_ends < 1:
             raise ValueError("workers, cores and front ends must be at least 1")
+        if self.door_ms is not None and self.door_ms < 0.0:
+            raise ValueError("door_ms must be at least 0 (or None: no door)")
         if not 0 <= self.gpu_workers <= self.workers or self.gpus < 1:
             raise ValueError("gpu_workers must be in [0, workers] and gpus at least 1")
 
@@ -417,6 +428,10 @@ class Simulation:
         self._state = ScalingState()
         self._slos: dict[tuple[float, float], SLO] = {}
         self._tenants = [TenantResult(name, "") for name in trace.tenants]
+        # The door's shedders, and the front end's loop as the door reads it: busy once a query
+        # waited for the front end as long as the service's loop watch calls a tick late.
+        self._doors = None if cfg.door_ms is None else [DoorShedder() for _ in trace.tenants]
+        self._loop_watch = LoopWatch()
         who, first = np.unique(trace.tenant, return_index=True)
         for ti, i in zip(who.tolist(), first.tolist(), strict=True):  # a tenant's task: its first query's
             self._tenants[ti].task = trace.tasks[int(trace.task[i])]
@@ -678,10 +693,18 @@ class Simulation:
         # The front end takes the query when its core is free: that wait is part of its latency,
         # and of the overhead the router measures and admits by.
         start_s = max(self.now_s, self._fe_free[0])
-        heapq.heapreplace(self._fe_free, start_s + self.config.frontend_ms / 1000.0)
         waited_s = start_s - self.now_s
+        door = None if self._doors is None else self._doors[tenant]
+        if door is not None and not door.admit(self.now_s):
+            # Refused at the door, at its own cost (`SimConfig.door_ms`).
+            heapq.heapreplace(self._fe_free, start_s + (self.config.door_ms or 0.0) / 1000.0)
+            self._refused(tenant, "", rows, slo)
+            return
+        heapq.heapreplace(self._fe_free, start_s + self.config.frontend_ms / 1000.0)
+        if waited_s >= self._loop_watch.late_s:
+            self._loop_watch.mark(self.now_s)
         live = LiveState(loaded, self._delays[task], self._overhead_ms + waited_s * 1000.0)
-        name = self._route(table, task, tenant, rows, slo, live, self._pinned.get(tenant))
+        name = self._route(table, task, tenant, rows, slo, live, self._pinned.get(tenant), door)
         if name is None:
             return
         if name == "":
@@ -709,20 +732,28 @@ class Simulation:
         slo: SLO,
         live: LiveState,
         pinned: str | None,
+        door: DoorShedder | None = None,
     ) -> str | None:
         """`Router.route`: the variant to queue on, "" for 422, None when refused, by the
-        service's own verdict (`policy.verdict.admit`) over the simulated view. The view holds no
-        probes (the router's probes while refusing are not modelled) and no host room (replicas
-        here hold their cores alone)."""
+        service's own verdict (`policy.verdict.admit`) over the simulated view, which teaches the
+        tenant's `door` as the data plane does. The view holds no probes (the router's probes
+        while refusing are not modelled) and no host room (replicas here hold their cores
+        alone)."""
         verdict = admit_policy(Query(rows, slo, 0.0, pinned), View(table, live, self._idle_live(task)))
         choice = verdict.choice
         if verdict.kind == "infeasible" or choice is None:
             return ""
         if verdict.kind == "cold":
             self._hint(choice.variant)
+        busy = door is not None and self._loop_watch.busy(self.now_s)
         if not verdict.admitted:
+            if door is not None:  # a cold refusal has no idle prediction: margin unknown (0)
+                margin_ms = 0.0 if verdict.kind == "cold" else slo.latency_ms - choice.predicted_latency_ms
+                door.observe(True, self.now_s, loop_busy=busy, margin_ms=margin_ms)
             self._refused(tenant, choice.variant, rows, slo)
             return None
+        if door is not None:
+            door.observe(False, self.now_s, loop_busy=busy)
         if choice.load_hint is not None:
             self._hint(choice.load_hint, optional=True)
         return choice.variant

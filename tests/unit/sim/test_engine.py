@@ -3,16 +3,20 @@ that the policies it runs are the service's own."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import infaas.autoscaler
 import infaas.batching
+import infaas.dataplane
 import infaas.metering
 import infaas.policy.autoscaling
 import infaas.policy.batching
 import infaas.policy.demand
 import infaas.policy.selection
+import infaas.policy.shedding
 import infaas.policy.verdict
 import infaas.router
 import infaas.warmup
@@ -109,6 +113,8 @@ def test_the_simulator_runs_the_very_policy_functions_the_service_imports() -> N
     )
     assert engine.cheapest_variants is infaas.autoscaler.cheapest_variants is infaas.warmup.cheapest_variants
     assert engine.decide_where is infaas.workers.placement.decide_where
+    assert engine.DoorShedder is infaas.policy.shedding.DoorShedder is infaas.dataplane.DoorShedder
+    assert engine.LoopWatch is infaas.policy.shedding.LoopWatch is infaas.dataplane.LoopWatch
     # one verdict: the router's admission is the simulator's
     assert engine.admit_policy is infaas.policy.verdict.admit is infaas.router.admit
     assert set(engine.POLICIES.values()) >= {
@@ -179,6 +185,29 @@ def test_a_saturated_front_end_makes_queries_wait_and_the_router_refuse() -> Non
     # Four such front ends behind a load balancer hold 4 000/s: what one refused, they answer.
     four = simulate(zoo, flood, "modelless", SimConfig(workers=1, cores=8, frontend_ms=1.0, front_ends=4))
     assert four.total.refused == 0 and four.total.in_slo == 3000
+
+
+def test_the_door_refuses_a_flood_at_its_own_cost_and_leaves_the_front_end_for_answers() -> None:
+    """The data plane's door in the simulator (`SimConfig.door_ms`): each tenant's `DoorShedder`
+    learns from admission's busy refusals while the front end is behind, as the service's does,
+    and what it refuses costs `door_ms` of the front end, not `frontend_ms`."""
+    zoo = zoo_of(entry("m", base_ms=1.0, per_row_ms=0.01))
+    flood = trace_of(*(q(0.1 + i / 3000, latency_ms=30.0) for i in range(6000)))  # 3 000/s for 2 s
+    cfg = SimConfig(workers=1, cores=8, frontend_ms=1.0)
+    without = simulate(zoo, flood, "modelless", cfg).total
+    cheap = simulate(zoo, flood, "modelless", dataclasses.replace(cfg, door_ms=0.1)).total
+    dear = simulate(zoo, flood, "modelless", dataclasses.replace(cfg, door_ms=0.3)).total
+    # Judged by admission at 1 ms each, the backlog outgrows every target: ~all refused.
+    assert without.in_slo < 100 and without.refused > 5800
+    # Refused at 0.1 ms, most of the flood leaves the front end the time to answer the rest.
+    assert cheap.in_slo > 10 * without.in_slo and cheap.late == 0
+    assert cheap.refused + cheap.in_slo == 6000
+    # At 0.3 ms the door's refusals alone (95 % of 3 000/s at most) and the 5 % it lets in still
+    # take a whole core: no better than without it.
+    assert dear.in_slo < 2 * without.in_slo
+    # A front end that keeps up is never behind: the door sheds nothing.
+    quick = dataclasses.replace(cfg, frontend_ms=0.01, door_ms=0.005)
+    assert simulate(zoo, flood, "modelless", quick).total.in_slo == 6000
 
 
 def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() -> None:
