@@ -176,24 +176,39 @@ def _fleet_usd(base: str) -> float:
         return total
 
 
-def sim_config(frontend_ms: float, door_ms: float | None = None) -> SimConfig:
+def sim_config(
+    frontend_ms: float, door_ms: float | None = None, refusal_ms: float | None = None
+) -> SimConfig:
     """This machine as the simulation sees it: one worker of its cores."""
-    return SimConfig(workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms, door_ms=door_ms)
+    return SimConfig(
+        workers=1, cores=os.cpu_count() or 2, frontend_ms=frontend_ms, door_ms=door_ms, refusal_ms=refusal_ms
+    )
 
 
-def judged_ms(real: dict[str, Any], per_query_ms: float, door_ms: float | None) -> float:
-    """The front end's time a query admission judged, from its time a query sent (`per_query_ms`)
-    less what the door's refusals took at `door_ms` each (None: no door, every query alike)."""
-    if door_ms is None:
-        return per_query_ms
-    judged = max(real["sent"] - real["at_door"], 1)
-    return max(0.0, per_query_ms * real["sent"] - door_ms * real["at_door"]) / judged
+def split_ms(
+    real: dict[str, Any], per_query_ms: float, door_ms: float | None, refusal_share: float | None
+) -> tuple[float, float | None]:
+    """The front end's time an answer takes and a refusal by admission, from its time a query sent
+    (`per_query_ms`): less the door's refusals at `door_ms` each (None: no door), the rest spread
+    over the answers and admission's refusals, a refusal `refusal_share` of an answer (None: alike)."""
+    at_door = real["at_door"] if door_ms is not None else 0
+    refused = real["refused"] - at_door + real["infeasible"] if refusal_share is not None else 0
+    answered = real["sent"] - at_door - refused
+    weight = answered + (refusal_share or 0.0) * refused
+    left_ms = max(0.0, per_query_ms * real["sent"] - (door_ms or 0.0) * at_door)
+    answer_ms = left_ms / max(weight, 1.0)
+    return answer_ms, None if refusal_share is None else refusal_share * answer_ms
 
 
 def run_sim(
-    zoo: Zoo, trace: Trace, mode: Mode, frontend_ms: float, door_ms: float | None = None
+    zoo: Zoo,
+    trace: Trace,
+    mode: Mode,
+    frontend_ms: float,
+    door_ms: float | None = None,
+    refusal_ms: float | None = None,
 ) -> dict[str, Any]:
-    res = Simulation(zoo, trace, mode, sim_config(frontend_ms, door_ms)).run()
+    res = Simulation(zoo, trace, mode, sim_config(frontend_ms, door_ms, refusal_ms)).run()
     t = res.total
     return {
         "sent": t.queries,
@@ -242,6 +257,15 @@ def main() -> None:
     )
     parser.add_argument("--no-door", action="store_true", help="simulate without the door, as before")
     parser.add_argument(
+        "--refusal-share",
+        type=float,
+        default=0.6,
+        help="the front end's time for a query admission refuses, as a share of an answer's "
+        "(SimConfig.refusal_ms): scripts/bench_query_cpu measured the query path's CPU at 86 µs a "
+        "refusal against 172 µs an answer (--target-ms 0.001 against the default), and HTTP adds "
+        "~50 µs to each; 1: alike, as before",
+    )
+    parser.add_argument(
         "--slack-ms",
         type=float,
         default=10.0,
@@ -268,23 +292,24 @@ def main() -> None:
                 print(f"==> {mode}: real service" + (f" (pins: {pins})" if pins else ""))
                 real = run_real(data_dir, work, mode, trace, pins, run=f"-{rate:g}")
                 door_ms = None if args.no_door else args.door_ms
-                frontend_ms = judged_ms(real, real["frontend_ms"], door_ms)
+                share = None if args.refusal_share == 1.0 else args.refusal_share
+                frontend_ms, refusal_ms = split_ms(real, real["frontend_ms"], door_ms, share)
                 print(
                     f"    the front end a query: {real['frontend_ms']:.3f} ms of CPU, its event loop "
                     f"{real['loop_ms']:.3f} ms running or waiting for a core; {real['at_door']} of the "
-                    f"{real['refused']} 429s at the door"
-                    + ("" if door_ms is None else f" (a judged query {frontend_ms:.3f} ms of CPU)")
+                    f"{real['refused']} 429s at the door; an answer {frontend_ms:.3f} ms of CPU"
+                    + ("" if refusal_ms is None else f", a refusal by admission {refusal_ms:.3f} ms")
                 )
                 if args.frontend_ms is not None:
-                    frontend_ms = args.frontend_ms
-                rows.append((mode, real, run_sim(zoo, trace, mode, frontend_ms, door_ms)))
+                    frontend_ms, refusal_ms = args.frontend_ms, None
+                rows.append((mode, real, run_sim(zoo, trace, mode, frontend_ms, door_ms, refusal_ms)))
                 if args.frontend_ms is None:
                     # The bracket's other side: the front end's core as busy as the real loop's
                     # thread was, its waits for the shared cores included.
-                    loop_ms = judged_ms(real, real["loop_ms"], door_ms)
-                    waits = run_sim(zoo, trace, mode, loop_ms, door_ms)
+                    loop_ms, loop_refusal_ms = split_ms(real, real["loop_ms"], door_ms, share)
+                    waits = run_sim(zoo, trace, mode, loop_ms, door_ms, loop_refusal_ms)
                     print(
-                        f"    simulated with the loop's {loop_ms:.3f} ms a judged query: in SLO "
+                        f"    simulated at the loop's time ({loop_ms:.3f} ms an answer): in SLO "
                         f"{waits['in_slo']}, 429 {waits['refused']} "
                         f"(real: {real['in_slo']}, {real['refused']})"
                     )

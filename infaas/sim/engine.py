@@ -47,7 +47,8 @@ What is simulated (the worker model), and how it departs from the service:
   queues, fast-path copies and overhead estimates. With `door_ms` set, each tenant's door
   (`policy.shedding.DoorShedder`, taught by admission's verdicts while the front end is behind,
   `policy.shedding.LoopWatch`) refuses its share on arrival at `door_ms` of the front end's time;
-  the door's pacing of what it refuses (`RefusalPacer`) is not modelled.
+  the door's pacing of what it refuses (`RefusalPacer`) is not modelled. With `refusal_ms` set, a
+  query admission refuses takes that much of the front end, not `frontend_ms`.
 - Not modelled: memory budgets and LRU eviction, quarantine, the router's probes while refusing
   (the view's `probe_ready` is empty), the host's room for a spill (`room` None), the front end's
   limit and tenants' shares (`standing` None), retries by clients. A removed replica's running
@@ -162,6 +163,10 @@ class SimConfig:
     # HTTP parser, its body unread: ~0.08 ms against ~0.25-0.7 for a query judged by admission).
     # None: no door, every query judged by admission at `frontend_ms`.
     door_ms: float | None = None
+    # The front end's time for a query admission refuses (429, 422): parsed and judged, but no
+    # batch, charge or answer to render (`scripts/bench_query_cpu --target-ms 0.001`: about half
+    # an answer's CPU). None: `frontend_ms`, as an answer.
+    refusal_ms: float | None = None
     # The GPU machine class: the last `gpu_workers` of the `workers` machines have `gpus` GPUs
     # each (and `cores` cores, which CPU replicas may use too). A GPU replica's share of a GPU is
     # `autoscaling.gpu_share`, as the service's is `INFAAS_GPU_PER_WORKER`.
@@ -182,8 +187,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cores < 1 or self.front_ends < 1:
             raise ValueError("workers, cores and front ends must be at least 1")
-        if self.door_ms is not None and self.door_ms < 0.0:
-            raise ValueError("door_ms must be at least 0 (or None: no door)")
+        if min(self.door_ms or 0.0, self.refusal_ms or 0.0) < 0.0:
+            raise ValueError("door_ms and refusal_ms must be at least 0 (or None)")
         if not 0 <= self.gpu_workers <= self.workers or self.gpus < 1:
             raise ValueError("gpu_workers must be in [0, workers] and gpus at least 1")
 
@@ -700,11 +705,14 @@ class Simulation:
             heapq.heapreplace(self._fe_free, start_s + (self.config.door_ms or 0.0) / 1000.0)
             self._refused(tenant, "", rows, slo)
             return
-        heapq.heapreplace(self._fe_free, start_s + self.config.frontend_ms / 1000.0)
         if waited_s >= self._loop_watch.late_s:
             self._loop_watch.mark(self.now_s)
         live = LiveState(loaded, self._delays[task], self._overhead_ms + waited_s * 1000.0)
         name = self._route(table, task, tenant, rows, slo, live, self._pinned.get(tenant), door)
+        # Its time on the front end: a refusal by the verdict its own (`SimConfig.refusal_ms`).
+        cfg = self.config
+        cost_ms = cfg.frontend_ms if name or cfg.refusal_ms is None else cfg.refusal_ms
+        heapq.heapreplace(self._fe_free, start_s + cost_ms / 1000.0)
         if name is None:
             return
         if name == "":

@@ -210,6 +210,20 @@ def test_the_door_refuses_a_flood_at_its_own_cost_and_leaves_the_front_end_for_a
     assert simulate(zoo, flood, "modelless", quick).total.in_slo == 6000
 
 
+def test_a_refusal_by_admission_takes_the_front_end_its_own_time() -> None:
+    """`SimConfig.refusal_ms`: a query the verdict refuses costs the front end that, not an
+    answer's `frontend_ms` (unset: the same as an answer, as before)."""
+    zoo = zoo_of(entry("m", base_ms=1.0, per_row_ms=0.01))
+    flood = trace_of(*(q(0.1 + i / 3000, latency_ms=30.0) for i in range(6000)))  # 3 000/s for 2 s
+    cfg = SimConfig(workers=1, cores=8, frontend_ms=1.0)
+    alike = simulate(zoo, flood, "modelless", cfg).total
+    assert simulate(zoo, flood, "modelless", dataclasses.replace(cfg, refusal_ms=1.0)).total == alike
+    # At 0.2 ms a refusal, refusing most of 3 000/s leaves the front end time to answer the rest.
+    cheap = simulate(zoo, flood, "modelless", dataclasses.replace(cfg, refusal_ms=0.2)).total
+    assert alike.in_slo < 100 and cheap.in_slo > 10 * alike.in_slo
+    assert cheap.in_slo + cheap.late + cheap.refused == 6000
+
+
 def test_events_fire_in_time_order_and_a_busy_replica_delays_the_next_batch() -> None:
     cheap, dear = entry("m", base_ms=4.0), entry("n", base_ms=1.0, price_usd_per_s=1e-3)
     # Queries a microsecond apart on one replica: the second batch waits for the first.
