@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -186,8 +186,42 @@ def serve_process(
     if not data_dir.exists():
         shutil.copytree(source.data_dir, data_dir)
     settings = Settings(data_dir=data_dir, admin_key="admin-test-key", usage_flush_interval_s=0.2)
-    port = free_port()
-    env = {
+    # The port is free when picked, but `infaas serve` starts Ray (a dozen processes on random
+    # ports) before it binds its own: Ray's Prometheus exporter once took it, and answered the
+    # readiness check (a clean-clone CI run, 2026-12-08). A port taken meanwhile is picked again.
+    for attempt in range(3):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = workdir / f"serve-{port}.log"
+        log = log_path.open("w")
+        proc = _start_serve(data_dir, settings, port, log, env, args)
+        try:
+            ready = _wait_ready(proc, url, log_path)
+        except BaseException:
+            _stop_serve(proc, log)
+            raise
+        if ready:
+            break
+        _stop_serve(proc, log)
+        if attempt == 2:
+            raise RuntimeError(f"infaas serve found its port taken three times; the last: {port}")
+    try:
+        yield Served(
+            url=url, settings=settings, admin_key="admin-test-key", pid=proc.pid, proc=proc, log_path=log_path
+        )
+    finally:
+        _stop_serve(proc, log)
+
+
+def _start_serve(
+    data_dir: Path,
+    settings: Settings,
+    port: int,
+    log: IO[str],
+    env: dict[str, str] | None,
+    args: tuple[str, ...],
+) -> subprocess.Popen[bytes]:
+    full_env = {
         **os.environ,
         "INFAAS_DATA_DIR": str(data_dir),
         "INFAAS_ADMIN_KEY": settings.admin_key or "",
@@ -196,42 +230,51 @@ def serve_process(
         "TF_CPP_MIN_LOG_LEVEL": "3",
         **(env or {}),
     }
-    log_path = workdir / f"serve-{port}.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         # One front end unless asked: the default follows the cores, and tests must not.
         [sys.executable, "-c", "from infaas.cli import main; main()", "serve", *(args or ("--workers", "1"))],
-        env=env,
+        env=full_env,
         stdout=log,
         stderr=log,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"infaas serve exited: {log_path.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):  # not listening yet
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("infaas serve did not become ready in 120 s")
-            time.sleep(0.2)
-        yield Served(
-            url=url, settings=settings, admin_key="admin-test-key", pid=proc.pid, proc=proc, log_path=log_path
-        )
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # our own session only: Ray's leftovers, if any
-        log.close()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> bool:
+    """True once `url` answers infaas's readiness; False if another process holds its port (its
+    answer is not infaas's, or `infaas serve` exited unable to bind); raises on any other failure."""
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            text = log_path.read_text()
+            if "address already in use" in text.lower():
+                return False
+            raise RuntimeError(f"infaas serve exited: {text[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):  # not listening yet
+            r = httpx.get(f"{url}/readyz", timeout=1)
+            if r.status_code == 200:
+                try:
+                    return bool(r.json().get("ready"))
+                except ValueError:  # not JSON: not infaas
+                    return False
+        if time.monotonic() > deadline:
+            raise RuntimeError("infaas serve did not become ready in 120 s")
+        time.sleep(0.2)
+
+
+def _stop_serve(proc: subprocess.Popen[bytes], log: IO[str]) -> None:
+    """Stop `infaas serve` with SIGINT (usage flushed, workers closed, Ray stopped), then kill what
+    is left of its session."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # our own session only: Ray's leftovers, if any
+    log.close()
 
 
 def lone_variants(settings: Settings, task: str) -> set[str]:
