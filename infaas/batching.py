@@ -383,10 +383,8 @@ class AsyncBatcher:
             while queue.pending and queue.pending[0].future.done():
                 queue.pop()  # cancelled by its caller (client gone)
             now_s = self._timer.now_s()
-            wait_ms, ahead = queue.in_flight.wait(now_s, queue.servers)
+            wait_ms, typical_ms, ahead = queue.in_flight.waits(now_s, queue.servers)
             latency = queue.latency_ms if not wait_ms else functools.partial(_plus, queue.latency_ms, wait_ms)
-            # No wait at its predicted runs, none at the typical ones (each typical finish is earlier).
-            typical_ms = queue.in_flight.wait(now_s, queue.servers, typical=True)[0] if wait_ms else 0.0
             decision = decide(
                 queue.pending.items, latency, params, len(queue.in_flight), now_s, queue.floor_ms, typical_ms
             )

@@ -287,6 +287,13 @@ class InFlight:
         ahead, finish_s = latest[0]
         return max(0.0, (finish_s - now_s) * 1000.0), ahead
 
+    def waits(self, now_s: float, servers: int) -> tuple[float, float, int | None]:
+        """(`wait`'s ms, its `typical` ms, the batch waited behind): what a pump reads. The typical
+        wait is read only when the predicted one is not 0 (no wait at the predicted runs means none
+        at the typical ones, each typical finish being earlier), sparing a sort per pump."""
+        wait_ms, ahead = self.wait(now_s, servers)
+        return wait_ms, self.wait(now_s, servers, typical=True)[0] if wait_ms else 0.0, ahead
+
     def sent(
         self,
         batch_id: int,

@@ -828,9 +828,8 @@ class Simulation:
         servers = max(1, len(vq.replicas))
         now_s = self.now_s
         while vq.pending:
-            wait_ms, ahead = vq.in_flight.wait(now_s, servers)
+            wait_ms, typical_ms, ahead = vq.in_flight.waits(now_s, servers)
             latency = vq.latency_ms if not wait_ms else functools.partial(_plus, vq.latency_ms, wait_ms)
-            typical_ms = vq.in_flight.wait(now_s, servers, typical=True)[0] if wait_ms else 0.0
             decision = batch_policy(
                 vq.pending, latency, vq.params, len(vq.in_flight), now_s, vq.floor_ms, typical_ms
             )

@@ -274,6 +274,8 @@ def test_in_flight_typical_wait_takes_each_batchs_typical_run() -> None:
     assert flight.wait(0.002, 1, typical=True)[0] == pytest.approx(18.0)
     flight.done(1, 0.003)
     assert flight.wait(0.003, 1, typical=True) == (pytest.approx(10.0), 2)
+    assert flight.waits(0.003, 1) == (pytest.approx(10.0), pytest.approx(10.0), 2)  # what a pump reads
+    assert InFlight().waits(0.0, 1) == (0.0, 0.0, None)
 
 
 def test_in_flight_with_two_replicas_waits_for_the_earlier_of_their_last_batches() -> None:
