@@ -145,7 +145,8 @@ def parse_inputs(inputs: Sequence[Any] | np.ndarray, task: Task) -> np.ndarray:
 @functools.cache
 def _dtype_limits(name: str) -> tuple[np.dtype[Any], float | None, tuple[int, int] | None]:
     """An input dtype, the largest magnitude it holds if a float, its bounds if an integer: asked
-    per query, numpy's `issubdtype` and `finfo` took ~5 µs of it."""
+    per query, numpy's two `issubdtype` and its `finfo` took 1.3 µs of it (timeit), ~4 µs in the
+    service's profile."""
     dtype = np.dtype(name)
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
